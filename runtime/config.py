@@ -1,0 +1,91 @@
+"""Frozen configuration for the engine and for sampling.
+
+Everything a user can set on the command line ends up in one of these two dataclasses; the
+pipeline builds them, the engine only reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 1000**2, "MB": 1000**2,
+          "MIB": 1024**2, "G": 1000**3, "GB": 1000**3, "GIB": 1024**3, "T": 1000**4,
+          "TB": 1000**4, "TIB": 1024**4}
+
+
+def parse_memory_size(text: str) -> int:
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, '1000' -> 1000 bytes."""
+    match = _SIZE_RE.match(text)
+    unit = (match.group(2) or "").upper() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"cannot read memory size {text!r}; use e.g. 2GiB, 512MiB or 1000000")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is sampled. temperature == 0 means greedy; top_k == 0 means no top-k."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything needed to build an Engine.
+
+    model: a built-in name (DEFAULT_MODEL), a Hugging Face checkpoint directory or a .gguf file.
+    drafter: an EAGLE drafter checkpoint directory, or None for no speculation.
+    kv_cache_memory: bytes for the KV cache; None = a default (CPU: 1 GiB, GPU: 80% of free memory).
+    """
+
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    kv_cache_memory: int | None = None
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"  # auto | torch | flash
+    drafter: str | None = None
+    num_speculative_tokens: int = 3
+    gpu_memory_fraction: float = 0.8
+    extra: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.attention_backend not in ("auto", "torch", "flash"):
+            raise ValueError(f"attention_backend must be auto, torch or flash, "
+                             f"got {self.attention_backend!r}")
+        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")

@@ -1,0 +1,38 @@
+"""Messages in and out of the engine: what the pipeline sends and what it gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.config import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt, already tokenized. request_id must be unique among requests in flight."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The finished result of one request.
+
+    finish_reason: "stop" (EOS or a stop string), "length" (max_tokens or the context limit).
+    stop_string: the stop string that ended generation, if any; token_ids still hold the tokens
+    that produced it, and the detokenizer cuts the text at its first occurrence.
+    num_drafted / num_accepted: speculative decoding counts for this request (0 without drafter).
+    accepted_per_position: how many draft tokens were accepted at position 0, 1, ... k-1.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    stop_string: str | None = None
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_draft_steps: int = 0
+    accepted_per_position: tuple[int, ...] = ()
