@@ -1,0 +1,108 @@
+"""Per-request sampling parameters as tensors, and the target distribution they define.
+
+The runner builds one SamplingTensors per step (make_sampling_tensors), turns the target's logits
+into probabilities with target_probs(), and hands those to rejection_sample(), which emits every
+token: plain decoding is rejection sampling with zero draft tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class SamplingTensors(NamedTuple):
+    """Sampling parameters of the requests in a batch, one entry per request."""
+
+    temperature: Tensor  # [batch] float32, 0 = greedy
+    top_k: Tensor  # [batch] int64, 0 = off
+    top_p: Tensor  # [batch] float32, 1 = off
+    greedy: Tensor  # [batch] bool
+    # Host-side flag: some row uses top-k or top-p. False lets target_probs skip the vocab sort
+    # without reading the tensors back from the device.
+    filtered: bool = True
+
+
+def make_sampling_tensors(
+    temperature: Sequence[float],
+    top_k: Sequence[int],
+    top_p: Sequence[float],
+    device: torch.device | str,
+) -> SamplingTensors:
+    """One host-to-device copy per field; nothing is read back."""
+    if not len(temperature) == len(top_k) == len(top_p):
+        raise ValueError(f"got {len(temperature)} temperatures, {len(top_k)} top_k and "
+                         f"{len(top_p)} top_p values; need one of each per request")
+    filtered = any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p)
+    temp = torch.tensor(temperature, dtype=torch.float32, device=device)
+    return SamplingTensors(
+        temperature=temp,
+        top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+        greedy=temp == 0,
+        filtered=filtered,
+    )
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A request's own generator: same seed -> same tokens, whatever the batch.
+    None (no seed) means the request draws from the global RNG."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def target_probs(logits: Tensor, st: SamplingTensors, positions_per_row: int) -> Tensor:
+    """Target distributions after temperature, then top-k, then top-p.
+
+    logits: [batch * positions_per_row, vocab], the rows of one request adjacent
+      (request b owns rows b * positions_per_row ... (b + 1) * positions_per_row - 1).
+    Returns [batch, positions_per_row, vocab] float32. Greedy rows get a one-hot at the argmax
+    of the raw logits, so rejection_sample treats every row the same way.
+    top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p (the top
+    token is always kept); top-k keeps exactly k tokens (ties broken by vocab order).
+    """
+    rows, vocab = logits.shape
+    batch = rows // positions_per_row
+    if batch * positions_per_row != rows:
+        raise ValueError(f"{rows} logit rows is not a multiple of positions_per_row="
+                         f"{positions_per_row}")
+    logits = logits.float()
+
+    def per_row(t: Tensor) -> Tensor:  # [batch] -> [rows, 1]
+        return t.repeat_interleave(positions_per_row).unsqueeze(-1)
+
+    greedy = per_row(st.greedy)  # [rows, 1]
+    temperature = torch.where(greedy, 1.0, per_row(st.temperature))  # greedy: avoid 0-division
+    scaled = logits / temperature
+    if st.filtered:
+        probs = _top_k_top_p_probs(scaled, per_row(st.top_k), per_row(st.top_p))
+    else:
+        probs = torch.softmax(scaled, dim=-1)
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, probs).view(batch, positions_per_row, vocab)
+
+
+def _top_k_top_p_probs(
+    scaled: Tensor,  # [rows, vocab] float32, temperature already applied
+    top_k: Tensor,  # [rows, 1] int64, 0 = off
+    top_p: Tensor,  # [rows, 1] float32, 1 = off
+) -> Tensor:  # [rows, vocab] float32
+    vocab = scaled.shape[-1]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=scaled.device)  # [vocab]
+    k = torch.where(top_k > 0, top_k, vocab)
+    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    # top-p on the top-k distribution: drop a token when the mass strictly before it already
+    # reaches top_p. Example p = [0.5, 0.3, 0.2], top_p = 0.7: mass before = [0, 0.5, 0.8]
+    # -> keep the first two. rank 0 (mass before = 0) is never dropped.
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop = (mass_before >= top_p) & (top_p < 1.0)  # top_p = 1: keep all, whatever the rounding
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.zeros_like(scaled).scatter_(-1, order, torch.softmax(sorted_logits, dim=-1))

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runtime.sampler import make_generator, make_sampling_tensors, target_probs
+
+
+def log_probs(*probs: float) -> torch.Tensor:  # [1, vocab]
+    return torch.tensor([probs]).log()
+
+
+def test_make_sampling_tensors_types_and_greedy_flag() -> None:
+    st = make_sampling_tensors([0.0, 0.7], [0, 5], [1.0, 0.9], "cpu")
+    assert st.temperature.dtype == torch.float32
+    assert st.top_k.dtype == torch.int64 and st.top_k.tolist() == [0, 5]
+    assert st.top_p.dtype == torch.float32
+    assert st.greedy.tolist() == [True, False]
+    assert st.filtered
+    assert not make_sampling_tensors([1.0], [0], [1.0], "cpu").filtered
+
+
+def test_make_sampling_tensors_rejects_ragged_lists() -> None:
+    with pytest.raises(ValueError, match="one of each per request"):
+        make_sampling_tensors([1.0, 1.0], [0], [1.0, 1.0], "cpu")
+
+
+def test_temperature_scaling_is_softmax_of_logits_over_temperature() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0, 0.0]])
+    st = make_sampling_tensors([2.0], [0], [1.0], "cpu")
+    probs = target_probs(logits, st, positions_per_row=1)
+    assert probs.shape == (1, 1, 4) and probs.dtype == torch.float32
+    expected = torch.tensor([math.exp(x / 2.0) for x in (1.0, 2.0, 3.0, 0.0)])
+    torch.testing.assert_close(probs[0, 0], expected / expected.sum())
+
+
+def test_top_k_keeps_exactly_k_largest() -> None:
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    st = make_sampling_tensors([1.0], [5], [1.0], "cpu")
+    probs = target_probs(logits, st, 1)[0, 0]
+    kept = probs.nonzero().squeeze(-1)
+    assert sorted(kept.tolist()) == sorted(logits[0].topk(5).indices.tolist())
+    torch.testing.assert_close(probs[kept], torch.softmax(logits[0, kept], -1))
+
+
+def test_top_k_keeps_exactly_k_under_ties() -> None:
+    st = make_sampling_tensors([1.0], [3], [1.0], "cpu")
+    probs = target_probs(torch.zeros(1, 8), st, 1)[0, 0]
+    assert probs.tolist() == pytest.approx([1 / 3] * 3 + [0.0] * 5)
+
+
+@pytest.mark.parametrize(
+    ("top_p", "expected"),
+    [
+        (0.4, [1.0, 0.0, 0.0, 0.0]),  # the top token alone reaches 0.4
+        (0.7, [0.625, 0.375, 0.0, 0.0]),  # 0.5 < 0.7 <= 0.8
+        (0.85, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]),  # 0.8 < 0.85 <= 0.95
+        (1.0, [0.5, 0.3, 0.15, 0.05]),
+    ],
+)
+def test_top_p_keeps_the_minimal_set(top_p: float, expected: list[float]) -> None:
+    st = make_sampling_tensors([1.0], [0], [top_p], "cpu")
+    probs = target_probs(log_probs(0.05, 0.3, 0.5, 0.15), st, 1)[0, 0]
+    # vocab order is [0.05, 0.3, 0.5, 0.15]; expected is listed in sorted order
+    assert probs[[2, 1, 3, 0]].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_top_k_is_applied_before_top_p() -> None:
+    # top-k 3 -> [4/9, 3/9, 2/9]; top_p 0.7: mass before = [0, 0.44, 0.78] -> keep two.
+    st = make_sampling_tensors([1.0], [3], [0.7], "cpu")
+    probs = target_probs(log_probs(0.4, 0.3, 0.2, 0.1), st, 1)[0, 0]
+    assert probs.tolist() == pytest.approx([4 / 7, 3 / 7, 0.0, 0.0], abs=1e-6)
+
+
+def test_top_p_one_keeps_tiny_tokens() -> None:
+    logits = torch.tensor([[30.0, 0.0, 0.0, 0.0]])  # tail mass ~1e-13, lost in the cumsum
+    st = make_sampling_tensors([1.0], [0], [1.0], "cpu")
+    assert (target_probs(logits, st._replace(filtered=True), 1) > 0).all()
+
+
+def test_greedy_rows_are_one_hot_at_the_raw_argmax() -> None:
+    logits = torch.tensor([[0.1, 3.0, 2.9, -1.0], [0.1, 3.0, 2.9, -1.0]])
+    st = make_sampling_tensors([0.0, 1.0], [2, 0], [0.5, 1.0], "cpu")
+    probs = target_probs(logits, st, 1)
+    assert probs[0, 0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert probs[1, 0].sum().item() == pytest.approx(1.0)
+    assert (probs[1, 0] > 0).all()
+
+
+def test_rows_are_grouped_per_request() -> None:
+    # batch 2, 3 positions each: rows 0-2 belong to request 0 (greedy), rows 3-5 to request 1.
+    logits = torch.randn(6, 16, generator=torch.Generator().manual_seed(1))
+    st = make_sampling_tensors([0.0, 0.5], [0, 0], [1.0, 1.0], "cpu")
+    probs = target_probs(logits, st, positions_per_row=3)
+    assert probs.shape == (2, 3, 16)
+    assert probs[0].argmax(-1).tolist() == logits[:3].argmax(-1).tolist()
+    assert (probs[0].max(-1).values == 1.0).all()
+    torch.testing.assert_close(probs[1], torch.softmax(logits[3:] / 0.5, -1))
+
+
+def test_target_probs_rejects_bad_row_count() -> None:
+    st = make_sampling_tensors([1.0, 1.0], [0, 0], [1.0, 1.0], "cpu")
+    with pytest.raises(ValueError, match="multiple of positions_per_row"):
+        target_probs(torch.zeros(5, 4), st, positions_per_row=2)
+
+
+def test_make_generator() -> None:
+    assert make_generator(None, "cpu") is None
+    a, b = make_generator(7, "cpu"), make_generator(7, "cpu")
+    assert a is not None and b is not None
+    assert torch.rand(3, generator=a).tolist() == torch.rand(3, generator=b).tolist()
