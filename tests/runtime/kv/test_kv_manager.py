@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import pytest
+
+from runtime.kv.manager import ComputedBlocks, KVCacheManager
+
+BS = 4
+
+
+def _refs(manager: KVCacheManager, block_ids: list[int]) -> list[int]:
+    return [manager.pool.block(i).ref_cnt for i in block_ids]
+
+
+def test_first_allocation_hands_out_ids_from_one_and_counts_lookahead() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS)
+    tokens = list(range(10))
+    assert manager.allocate_slots("a", tokens, 0, 10, num_lookahead_tokens=3) == [1, 2, 3, 4]
+    # decode: 11 tokens, 10 computed, 1 new + 3 lookahead = 14 slots -> still 4 blocks
+    assert manager.allocate_slots("a", tokens + [10], 10, 1, num_lookahead_tokens=3) == []
+    # verify: 12 computed, 1 + 3 drafts new, 3 lookahead = 19 slots -> 5 blocks
+    assert manager.allocate_slots("a", tokens + [10, 11, 12], 12, 4, 3) == [5]
+    assert manager.block_ids("a") == [1, 2, 3, 4, 5]
+    assert manager.num_free_blocks == 4
+    assert manager.usage == 5 / 9
+
+
+def test_prefix_hit_reuses_earlier_block_ids_and_counts_tokens() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS)
+    assert manager.allocate_slots("a", list(range(10)), 0, 10) == [1, 2, 3]
+    prompt_b = list(range(8)) + [50, 51]
+    hit = manager.get_computed_blocks(prompt_b)
+    assert hit == ComputedBlocks([1, 2], 8)
+    assert manager.allocate_slots("b", prompt_b, 8, 2, new_computed_block_ids=hit.block_ids) == [4]
+    assert manager.block_ids("b") == [1, 2, 4]
+    assert _refs(manager, [1, 2, 3, 4]) == [2, 2, 1, 1]
+    assert (manager.hits_tokens, manager.queried_tokens) == (8, 20)
+
+
+def test_hit_never_covers_the_whole_prompt() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS)
+    manager.allocate_slots("a", list(range(12)), 0, 12)  # 3 full blocks cached
+    assert manager.get_computed_blocks(list(range(12))) == ComputedBlocks([1, 2], 8)
+    assert manager.get_computed_blocks(list(range(8))) == ComputedBlocks([1], 4)
+    assert manager.get_computed_blocks(list(range(9))) == ComputedBlocks([1, 2], 8)
+    assert manager.get_computed_blocks(list(range(4))) == ComputedBlocks([], 0)
+    assert manager.get_computed_blocks([]) == ComputedBlocks([], 0)
+    assert manager.get_computed_blocks([0, 1, 2, 9, 9]) == ComputedBlocks([], 0)
+
+
+def test_free_releases_tail_first_and_hits_revive_freed_blocks() -> None:
+    manager = KVCacheManager(num_blocks=6, block_size=BS)
+    prompt = list(range(9))
+    assert manager.allocate_slots("a", prompt, 0, 9) == [1, 2, 3]
+    manager.free("a")
+    manager.free("a")  # unknown now: no-op
+    assert manager.pool.free_queue_ids() == [4, 5, 3, 2, 1]
+    hit = manager.get_computed_blocks(prompt)
+    assert hit == ComputedBlocks([1, 2], 8)
+    assert manager.allocate_slots("b", prompt, 8, 1, new_computed_block_ids=hit.block_ids) == [4]
+    assert manager.block_ids("b") == [1, 2, 4]
+    assert manager.pool.free_queue_ids() == [5, 3]
+
+
+def test_lru_eviction_drops_least_recently_freed_cached_blocks_first() -> None:
+    manager = KVCacheManager(num_blocks=6, block_size=BS)
+    prompt = list(range(9))
+    manager.allocate_slots("a", prompt, 0, 9)
+    manager.free("a")  # queue 4, 5, 3, 2, 1
+    assert manager.allocate_slots("c", [90 + i for i in range(9)], 0, 9) == [4, 5, 3]
+    assert manager.allocate_slots("c", [90 + i for i in range(13)], 9, 4) == [2]
+    assert manager.get_computed_blocks(prompt) == ComputedBlocks([1], 4)  # block 2 evicted
+
+
+def test_returns_none_and_changes_nothing_when_short() -> None:
+    manager = KVCacheManager(num_blocks=5, block_size=BS)
+    manager.allocate_slots("a", list(range(9)), 0, 9)
+    manager.free("a")  # 4 free, blocks 1 and 2 cache tokens 0..7
+    prompt = list(range(9)) + [100 + i for i in range(7)]
+    hit = manager.get_computed_blocks(prompt)
+    assert hit == ComputedBlocks([1, 2], 8)
+    # 16 + 4 lookahead = 5 blocks: 2 revived hits + 3 new > 4 free
+    short = manager.allocate_slots("b", prompt, 8, 8, 4, new_computed_block_ids=hit.block_ids)
+    assert short is None
+    assert manager.pool.free_queue_ids() == [4, 3, 2, 1]
+    assert _refs(manager, [1, 2, 3, 4]) == [0, 0, 0, 0]
+    assert manager.get_computed_blocks(prompt) == hit
+    assert (manager.hits_tokens, manager.queried_tokens) == (0, 9)
+    with pytest.raises(ValueError, match="'b'"):
+        manager.block_ids("b")
+    assert manager.allocate_slots("b", prompt, 8, 8, 0, new_computed_block_ids=[1, 2]) == [4, 3]
+    assert manager.block_ids("b") == [1, 2, 4, 3]
+    assert manager.allocate_slots("b", prompt + [7], 16, 1) is None
+    assert manager.block_ids("b") == [1, 2, 4, 3]
+
+
+def test_chunked_prefill_caches_each_full_chunk() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS)
+    prompt = list(range(10))
+    assert manager.allocate_slots("a", prompt, 0, 4) == [1]
+    assert manager.get_computed_blocks(prompt) == ComputedBlocks([1], 4)
+    assert manager.allocate_slots("a", prompt, 4, 3) == [2]  # 7 tokens: block 2 not full yet
+    assert manager.get_computed_blocks(prompt) == ComputedBlocks([1], 4)
+    assert manager.allocate_slots("a", prompt, 7, 3) == [3]
+    assert manager.get_computed_blocks(prompt) == ComputedBlocks([1, 2], 8)
+
+
+def test_draft_tokens_in_lookahead_slots_are_never_cached() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS)
+    verified = list(range(6))  # 5 prefilled + 1 sampled
+    manager.allocate_slots("a", verified[:5], 0, 5, num_lookahead_tokens=3)
+    # verify step: 1 verified + 3 drafts at positions 5..8; only 6 tokens are verified
+    assert manager.allocate_slots("a", verified, 5, 4, num_lookahead_tokens=3) == [3]
+    assert manager.get_computed_blocks(verified + [70, 71, 72]) == ComputedBlocks([1], 4)
+    accepted = verified + [70, 71, 72]  # 2 drafts accepted + bonus token
+    manager.allocate_slots("a", accepted, 9, 1, num_lookahead_tokens=3)
+    assert manager.get_computed_blocks(accepted + [0]) == ComputedBlocks([1, 2], 8)
+
+
+def test_shared_blocks_stay_referenced_after_one_owner_frees() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS)
+    manager.allocate_slots("a", list(range(9)), 0, 9)
+    manager.allocate_slots("b", list(range(9)), 8, 1, new_computed_block_ids=[1, 2])
+    manager.free("a")
+    assert _refs(manager, [1, 2, 3, 4]) == [1, 1, 0, 1]
+    assert manager.pool.free_queue_ids() == [5, 6, 7, 8, 9, 3]
+    manager.free("b")
+    assert manager.pool.free_queue_ids() == [5, 6, 7, 8, 9, 3, 4, 2, 1]
+    assert manager.usage == 0.0
+
+
+def test_without_prefix_caching_nothing_is_cached_or_counted() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS, enable_prefix_caching=False)
+    manager.allocate_slots("a", list(range(9)), 0, 9)
+    assert manager.get_computed_blocks(list(range(9))) == ComputedBlocks([], 0)
+    assert manager.pool.block(1).block_hash is None
+    assert (manager.hits_tokens, manager.queried_tokens) == (0, 0)
+
+
+def test_rejects_bad_hits_and_counts() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=BS)
+    manager.allocate_slots("a", list(range(9)), 0, 9)
+    with pytest.raises(ValueError, match="first allocation"):
+        manager.allocate_slots("a", list(range(9)), 8, 1, new_computed_block_ids=[1])
+    with pytest.raises(ValueError, match="no longer caches block 1"):
+        manager.allocate_slots("b", list(range(9)), 8, 1, new_computed_block_ids=[1, 3])
+    with pytest.raises(ValueError, match="computed tokens"):
+        manager.allocate_slots("b", list(range(9)), 4, 5, new_computed_block_ids=[1, 2])
+    with pytest.raises(ValueError, match=">= 0"):
+        manager.allocate_slots("b", list(range(9)), 0, -1)
+    assert manager.block_ids("a") == [1, 2, 3] and manager.num_free_blocks == 6
