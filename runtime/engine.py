@@ -1,35 +1,180 @@
-"""The engine: schedule -> run -> postprocess, until every request has finished.
-
-(Interface stub: the implementation lands with the scheduler and model runner.)
-"""
+"""The engine: schedule -> run -> postprocess, until every request has finished."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
 from runtime.config import EngineConfig
+from runtime.kv.manager import KVCacheManager
+from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, resolve_model
+from runtime.model_runner import ModelRunner, RunnerOutput
 from runtime.request import Completion, GenerationRequest
+from runtime.sampler import make_generator
+from runtime.scheduler import Scheduler, SchedulerOutput
+from runtime.sequence import Sequence
+from runtime.setup import build_kv_cache, build_model, kv_budget, place, target_specs
+from runtime.stop import StopChecker
 
 
 class Engine:
     """Built once per job from a frozen EngineConfig.
 
-    Attributes the pipeline uses:
-      tokenizer: a transformers tokenizer (chat_template set when the model has one)
-      eos_token_ids: frozenset[int]
-      max_model_len: int (prompt + completion tokens must fit)
-      model_name: str (what config.model resolved to, for manifests)
+    Attributes the pipeline uses: tokenizer (chat_template set when the model has one),
+    eos_token_ids, max_model_len, model_name, drafter_name.
     """
 
     def __init__(self, config: EngineConfig) -> None:
-        raise NotImplementedError
+        self.config = config
+        self.placement = p = place(config)
+        model_dir = resolve_model(config.model)
+        self.model_name = config.model
+        self.hf_config = load_model_config(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.eos_token_ids = eos_token_ids(model_dir, self.tokenizer)
+        self.max_model_len = config.max_model_len or self.hf_config.max_position_embeddings
+        k = config.num_speculative_tokens
+        self.model = build_model(model_dir, self.hf_config, p, self.max_model_len + 2 * k + 2)
+        specs = target_specs(self.hf_config, self.model, p, self.max_model_len)
+        self.proposer = None
+        self.drafter_name: str | None = None
+        draft_names: list[str] = []
+        if config.drafter is not None:
+            from runtime.speculative.setup import build_proposer  # noqa: PLC0415
+            self.proposer, draft_specs = build_proposer(config, self.model, p,
+                                                        self.max_model_len + 2 * k + 2)
+            specs.update(draft_specs)
+            draft_names = list(draft_specs)
+            self.drafter_name = config.drafter
+        self.kv_cache_config, caches = build_kv_cache(specs, draft_names, kv_budget(config, p), p)
+        if self.proposer is not None:
+            self.proposer.bind(caches, p.block_size)
+        self.kv = KVCacheManager(self.kv_cache_config.num_blocks, p.block_size,
+                                 config.enable_prefix_caching)
+        lookahead = k if self.proposer is not None else 0
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   lookahead)
+        self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer)
+        self.stop = StopChecker(self.tokenizer, self.eos_token_ids)
+        self._arrivals = 0
 
     def generate(
         self,
         requests: Iterable[GenerationRequest],
         on_step: Callable[[int], None] | None = None,
     ) -> Iterator[Completion]:
-        """Pull requests lazily from `requests` (only as many as fit the batch), yield each
+        """Pull requests lazily from `requests` (only as many as keep the batch full), yield each
         Completion as soon as it finishes (not in input order). on_step(n) is called after each
-        engine step with the number of tokens generated in that step (for progress bars)."""
-        raise NotImplementedError
+        engine step with the number of tokens generated in that step."""
+        pending = iter(requests)
+        exhausted = False
+        while True:
+            while not exhausted and len(self.scheduler.waiting) < self.config.max_num_seqs:
+                request = next(pending, None)
+                if request is None:
+                    exhausted = True
+                elif (error := self._admission_error(request)) is not None:
+                    yield _error_completion(request, error)
+                else:
+                    self.scheduler.add(self._new_sequence(request))
+            if self.scheduler.num_unfinished == 0:
+                return
+            yield from self.step(on_step)
+
+    def step(self, on_step: Callable[[int], None] | None = None) -> list[Completion]:
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return [self._unschedulable()]
+        block_tables = [self.kv.block_ids(s.seq.request_id) for s in out.scheduled]
+        result = self.runner.execute(out, block_tables)
+        finished, generated = self._postprocess(out, result)
+        if on_step is not None:
+            on_step(generated)
+        return finished
+
+    def _admission_error(self, request: GenerationRequest) -> str | None:
+        n = len(request.prompt_token_ids)
+        if n == 0:
+            return "empty prompt (no tokens)"
+        if n >= self.max_model_len:
+            return (f"prompt has {n} tokens; the model's context is {self.max_model_len} "
+                    "tokens and at least one must be left to generate")
+        return None
+
+    def _new_sequence(self, request: GenerationRequest) -> Sequence:
+        seq = Sequence(request.request_id, list(request.prompt_token_ids), request.params,
+                       self._arrivals, self.config.num_speculative_tokens)
+        seq.generator = make_generator(request.params.seed, self.placement.device)
+        self._arrivals += 1
+        return seq
+
+    def _unschedulable(self) -> Completion:
+        """Nothing could be scheduled with nothing running: the head request can never fit."""
+        seq = self.scheduler.waiting[0]
+        self.scheduler.finish(seq, "error")
+        need = len(seq.token_ids) // self.placement.block_size + 1
+        return _completion(seq, error=(
+            f"request needs {need} KV cache blocks but the cache has "
+            f"{self.kv_cache_config.num_blocks - 1}; raise --kv-cache-memory"))
+
+    def _postprocess(self, out: SchedulerOutput, result: RunnerOutput
+                     ) -> tuple[list[Completion], int]:
+        finished: list[Completion] = []
+        generated = 0
+        for (seq, start, n), emitted, verified, drafts in zip(
+                out.scheduled, result.emitted, result.num_drafts_verified, result.drafts):
+            if emitted is None:  # a prefill chunk that did not reach the end of the prompt
+                seq.num_computed_tokens = start + n
+                continue
+            accepted = len(emitted) - 1
+            # start + n = len(token_ids) + verified; the rejected drafts' KV is not kept
+            seq.num_computed_tokens = start + n - verified + accepted
+            if verified:
+                seq.num_draft_steps += 1
+                seq.num_drafted += verified
+                seq.num_accepted += accepted
+                for j in range(accepted):
+                    seq.accepted_per_position[j] += 1
+            reason = self._append(seq, emitted)
+            generated += len(emitted)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                finished.append(_completion(seq))
+            else:
+                seq.draft_token_ids = drafts[:self._draft_room(seq)]
+        return finished, generated
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> str | None:
+        """Appends tokens until one finishes the request; returns the finish reason or None."""
+        for token in tokens:
+            seq.token_ids.append(token)
+            reason = self.stop.check(seq, self.max_model_len)
+            if reason is not None:
+                return reason
+        return None
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """Drafts worth verifying: the request needs at most `left` more tokens, and the last
+        of them comes from the target, not a draft."""
+        left = min(seq.params.max_tokens - seq.num_output_tokens,
+                   self.max_model_len - len(seq.token_ids))
+        return max(0, left - 1)
+
+
+def _completion(seq: Sequence, error: str | None = None) -> Completion:
+    return Completion(
+        request_id=seq.request_id,
+        prompt_token_ids=tuple(seq.token_ids[:seq.num_prompt_tokens]),
+        token_ids=tuple(seq.output_token_ids),
+        finish_reason=seq.finish_reason or "error",
+        stop_string=seq.stop_string,
+        num_drafted=seq.num_drafted,
+        num_accepted=seq.num_accepted,
+        num_draft_steps=seq.num_draft_steps,
+        accepted_per_position=tuple(seq.accepted_per_position),
+        error=error,
+    )
+
+
+def _error_completion(request: GenerationRequest, error: str) -> Completion:
+    return Completion(request.request_id, tuple(request.prompt_token_ids), (), "error",
+                      error=error)

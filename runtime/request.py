@@ -20,7 +20,8 @@ class GenerationRequest:
 class Completion:
     """The finished result of one request.
 
-    finish_reason: "stop" (EOS or a stop string), "length" (max_tokens or the context limit).
+    finish_reason: "stop" (EOS or a stop string), "length" (max_tokens or the context limit),
+    "error" (the request could not run: empty prompt, too long for the context or the KV cache).
     stop_string: the stop string that ended generation, if any; token_ids still hold the tokens
     that produced it, and the detokenizer cuts the text at its first occurrence.
     num_drafted / num_accepted: speculative decoding counts for this request (0 without drafter).
@@ -36,3 +37,4 @@ class Completion:
     num_accepted: int = 0
     num_draft_steps: int = 0
     accepted_per_position: tuple[int, ...] = ()
+    error: str | None = None  # set when finish_reason == "error": why the request could not run

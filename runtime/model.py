@@ -1,0 +1,187 @@
+"""LLaMA-family causal LM (Llama, Qwen2, Mistral) running on the paged KV cache.
+
+Module and parameter names mirror Hugging Face's (model.layers.0.self_attn.q_proj.weight, ...),
+so a checkpoint's state dict loads without renaming. Attention metadata is passed explicitly as a
+dict[layer_name, AttentionMetadata]; every layer looks up its own entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from runtime.attention import AttentionBackend, AttentionMetadata, make_backend
+from runtime.rope import RotaryEmbedding
+
+
+def head_dim_of(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def sliding_window_of(config: PretrainedConfig, layer_index: int) -> int | None:
+    """The layer's attention window, or None for full attention."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and layer_types[layer_index] != "sliding_attention":
+        return None
+    return int(window)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, size]
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: PretrainedConfig, layer_name: str, backend_name: str,
+                 sliding_window: int | None, input_size: int | None = None) -> None:
+        super().__init__()
+        self.layer_name = layer_name
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
+        in_size = input_size or config.hidden_size
+        self.q_proj = nn.Linear(in_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.backend: AttentionBackend = make_backend(backend_name, self.head_dim**-0.5,
+                                                      sliding_window)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, input_size]
+        positions: torch.Tensor,  # [num_tokens]
+        rope: RotaryEmbedding,
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        md: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k = rope(positions, q, k)
+        out = self.backend.forward(q, k, v, kv_cache, md)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer. input_size lets EAGLE-3's first draft layer take 2H inputs;
+    input_norm=False gives EAGLE-1's first draft layer (no input layernorm)."""
+
+    def __init__(self, config: PretrainedConfig, layer_name: str, backend_name: str,
+                 sliding_window: int | None = None, input_size: int | None = None,
+                 input_norm: bool = True) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm: nn.Module = (RMSNorm(input_size or config.hidden_size, eps)
+                                           if input_norm else nn.Identity())
+        self.self_attn = Attention(config, layer_name, backend_name, sliding_window, input_size)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, input_size]
+        residual: torch.Tensor,  # [num_tokens, hidden_size]
+        positions: torch.Tensor,  # [num_tokens]
+        rope: RotaryEmbedding,
+        kv_caches: Mapping[str, torch.Tensor],
+        attn_metadata: Mapping[str, AttentionMetadata],
+    ) -> torch.Tensor:  # [num_tokens, hidden_size], the residual stream after this layer
+        name = self.self_attn.layer_name
+        h = residual + self.self_attn(self.input_layernorm(x), positions, rope, kv_caches[name],
+                                      attn_metadata[name])
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class ModelOutput(NamedTuple):
+    hidden_states: torch.Tensor  # [num_tokens, hidden_size], after the final norm
+    aux_hidden_states: list[torch.Tensor]  # residual streams entering the requested layers
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: PretrainedConfig, backend_name: str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, f"layers.{i}", backend_name, sliding_window_of(config, i))
+            for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: PretrainedConfig, backend_name: str, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config, backend_name)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [layer.self_attn.layer_name for layer in self.model.layers]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: Mapping[str, torch.Tensor],
+        attn_metadata: Mapping[str, AttentionMetadata],
+        aux_layer_ids: tuple[int, ...] = (),
+    ) -> ModelOutput:
+        h = self.model.embed_tokens(input_ids)
+        aux = []
+        for i, layer in enumerate(self.model.layers):
+            if i in aux_layer_ids:
+                aux.append(h)
+            h = layer(h, h, positions, self.rope, kv_caches, attn_metadata)
+        return ModelOutput(self.model.norm(h), aux)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
+        return self.lm_head(hidden)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copies a Hugging Face state dict in; names that do not belong to the model are an error."""
+        params = dict(self.named_parameters())
+        missing = set(params) - set(state_dict)
+        if getattr(self.config, "tie_word_embeddings", False):
+            missing.discard("lm_head.weight")
+        ignored = {k for k in state_dict if k not in params and "rotary_emb" not in k}
+        if missing or ignored:
+            raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(ignored)[:5]}")
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                if name in params:
+                    params[name].copy_(tensor)

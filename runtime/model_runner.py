@@ -1,0 +1,85 @@
+"""The only code that touches tensors during a step: prepare inputs, run the target, sample
+(verifying drafts), then let the proposer draft the next tokens."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+from runtime.inputs import SampleRow, StepInputs, prepare_inputs
+from runtime.model import CausalLM
+from runtime.sampler import make_sampling_tensors, target_probs
+from runtime.scheduler import SchedulerOutput
+from runtime.speculative.rejection_sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
+
+
+class RunnerOutput(NamedTuple):
+    emitted: list[list[int] | None]  # per scheduled seq: tokens to append (None: no sample)
+    num_drafts_verified: list[int]  # per scheduled seq: draft tokens verified this step
+    drafts: list[list[int]]  # per scheduled seq: proposals for the next step ([] without drafter)
+
+
+class Proposer(Protocol):
+    aux_layer_ids: tuple[int, ...]
+
+    def propose(self, step: StepInputs, out: SchedulerOutput, features: torch.Tensor,
+                emitted: list[list[int] | None], verified: list[int]) -> list[list[int]]: ...
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv_caches: dict[str, torch.Tensor], block_size: int,
+                 device: torch.device, num_speculative_tokens: int,
+                 proposer: Proposer | None = None) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.proposer = proposer
+        # Fixed draft width for the sampler (its random draws per request depend on it).
+        self.draft_width = num_speculative_tokens if proposer is not None else 0
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> RunnerOutput:
+        step = prepare_inputs(out, block_tables, self.block_size, self.device)
+        metadata = {name: step.metadata for name in self.model.layer_names}
+        aux_ids = self.proposer.aux_layer_ids if self.proposer is not None else ()
+        hidden, aux = self.model(step.input_ids, step.positions, self.kv_caches, metadata,
+                                 aux_ids)
+        emitted: list[list[int] | None] = [None] * len(out.scheduled)
+        num_verified = [0] * len(out.scheduled)
+        if step.sample_rows:
+            tokens = self._sample(out, step, hidden)  # the step's one host sync
+            for row, toks in zip(step.sample_rows, tokens):
+                emitted[row.index] = toks
+                num_verified[row.index] = len(row.draft_token_ids)
+        drafts: list[list[int]] = [[] for _ in out.scheduled]
+        if self.proposer is not None:
+            features = torch.cat(aux, dim=-1) if aux else hidden
+            drafts = self.proposer.propose(step, out, features, emitted, num_verified)
+        return RunnerOutput(emitted, num_verified, drafts)
+
+    def _sample(self, out: SchedulerOutput, step: StepInputs, hidden: torch.Tensor
+                ) -> list[list[int]]:
+        rows = step.sample_rows
+        width = self.draft_width
+        # [batch, width + 1] flat token indices; rows with fewer drafts repeat their last index
+        index = [r.logits_rows + [r.logits_rows[-1]] * (width + 1 - len(r.logits_rows))
+                 for r in rows]
+        flat = torch.tensor(index, device=self.device).view(-1)
+        logits = self.model.compute_logits(hidden.index_select(0, flat))
+        seqs = [out.scheduled[r.index].seq for r in rows]
+        st = make_sampling_tensors([s.params.temperature for s in seqs],
+                                   [s.params.top_k for s in seqs],
+                                   [s.params.top_p for s in seqs], self.device)
+        probs = target_probs(logits, st, width + 1)
+        drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
+                              device=self.device).view(len(rows), width)
+        num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
+        sampled = rejection_sample(drafts, num_drafts, None, probs, st.greedy,
+                                   [s.generator for s in seqs])
+        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
+
+
+def _pad(row: SampleRow, width: int) -> list[int]:
+    return row.draft_token_ids + [0] * (width - len(row.draft_token_ids))

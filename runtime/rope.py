@@ -1,0 +1,59 @@
+"""Rotary position embeddings, precomputed as one cos/sin table indexed by position.
+
+The inverse frequencies (including llama3, linear and yarn scaling) come from transformers'
+ROPE_INIT_FUNCTIONS, so any rope_parameters a checkpoint declares are read the same way it was
+trained with. 'dynamic' scaling depends on the running length and is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+def rope_parameters(config: PretrainedConfig) -> dict:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """([head_dim // 2] float32 inverse frequencies, attention scaling)."""
+    rope_type = rope_parameters(config)["rope_type"]
+    if rope_type == "dynamic":
+        raise ValueError("rope_type 'dynamic' is not supported (its frequencies change with length)")
+    if rope_type == "default":
+        theta = rope_parameters(config).get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        return 1.0 / (theta**exponent), 1.0
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
+        super().__init__()
+        inv_freq, scaling = inverse_frequencies(config, head_dim)
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)  # [max_pos, head_dim]
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)  # [max_pos, head_dim]
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [num_tokens] int64
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

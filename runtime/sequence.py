@@ -1,0 +1,64 @@
+"""Mutable per-request state, owned by the scheduler and updated after each step."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from runtime.config import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """token_ids holds the prompt and every verified output token. num_computed_tokens counts the
+    tokens whose KV is in the cache; after a decode step it is len(token_ids) - 1 (the newest
+    token is fed in the next step). draft_token_ids are proposals to verify in the next step."""
+
+    __slots__ = ("request_id", "params", "token_ids", "num_prompt_tokens", "num_computed_tokens",
+                 "draft_token_ids", "status", "finish_reason", "stop_string", "generator",
+                 "arrival", "num_drafted", "num_accepted", "num_draft_steps",
+                 "accepted_per_position", "num_preemptions")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival: int, num_speculative_tokens: int) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.draft_token_ids: list[int] = []
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.stop_string: str | None = None
+        self.generator: torch.Generator | None = None  # set by the engine when seeded
+        self.arrival = arrival
+        self.num_drafted = 0
+        self.num_accepted = 0
+        self.num_draft_steps = 0
+        self.accepted_per_position = [0] * num_speculative_tokens
+        self.num_preemptions = 0
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_tokens_with_drafts(self) -> int:
+        return len(self.token_ids) + len(self.draft_token_ids)
+
+    def reset_for_recompute(self) -> None:
+        """Preemption: the KV is dropped; outputs so far are kept and recomputed as prompt."""
+        self.num_computed_tokens = 0
+        self.draft_token_ids = []
+        self.status = Status.WAITING
+        self.num_preemptions += 1

@@ -1,0 +1,98 @@
+"""Building an engine's parts from an EngineConfig: device, dtype, model, drafter, KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from transformers import PretrainedConfig
+
+from runtime.attention import choose_backend_name
+from runtime.attention.flash_backend import FLASH_BLOCK_SIZE
+from runtime.config import EngineConfig
+from runtime.kv.cache import allocate_kv_caches
+from runtime.kv.groups import KVCacheConfig, make_kv_cache_config, validate_same_kv_cache_group
+from runtime.kv.spec import AttentionSpec
+from runtime.loader import load_state_dict
+from runtime.model import CausalLM, head_dim_of, sliding_window_of
+from runtime.rope import RotaryEmbedding
+
+CPU_DEFAULT_KV_BYTES = 1 << 30
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Placement(NamedTuple):
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+    block_size: int
+
+
+def place(config: EngineConfig) -> Placement:
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but torch sees no CUDA device")
+    use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    if config.dtype == "auto":
+        dtype = torch.bfloat16 if use_cuda else torch.float32
+    else:
+        dtype = _DTYPES[config.dtype]
+    backend = choose_backend_name(config.attention_backend, device)
+    block_size = config.block_size
+    if backend == "flash" and block_size % FLASH_BLOCK_SIZE:
+        block_size = FLASH_BLOCK_SIZE  # flash-attn's paged KV wants multiples of 256
+    return Placement(device, dtype, backend, block_size)
+
+
+def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
+                max_positions: int) -> CausalLM:
+    if hf_config.model_type not in ("llama", "qwen2", "mistral"):
+        raise ValueError(f"model type {hf_config.model_type!r} is not supported "
+                         "(supported: llama, qwen2, mistral)")
+    with torch.device("meta"):
+        model = CausalLM(hf_config, p.backend, max_positions)
+    model = model.to_empty(device=p.device)
+    # rope tables are computed, not loaded: rebuild them off the meta device
+    model.rope = RotaryEmbedding(hf_config, head_dim_of(hf_config), max_positions).to(p.device)
+    model.load_weights(load_state_dict(model_dir, p.dtype, p.device))
+    if getattr(hf_config, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(p.dtype).eval()
+
+
+def attention_specs(hf_config: PretrainedConfig, names: list[str], block_size: int,
+                    dtype: torch.dtype, window_of: list[int | None]) -> dict[str, AttentionSpec]:
+    return {name: AttentionSpec(block_size, hf_config.num_key_value_heads, head_dim_of(hf_config),
+                                dtype.itemsize, window)
+            for name, window in zip(names, window_of)}
+
+
+def target_specs(hf_config: PretrainedConfig, model: CausalLM, p: Placement,
+                 max_model_len: int) -> dict[str, AttentionSpec]:
+    windows = []
+    for i in range(hf_config.num_hidden_layers):
+        window = sliding_window_of(hf_config, i)
+        windows.append(None if window is not None and window >= max_model_len else window)
+    return attention_specs(hf_config, model.layer_names, p.block_size, p.dtype, windows)
+
+
+def kv_budget(config: EngineConfig, p: Placement) -> int:
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    if p.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(p.device)
+        return int(free * config.gpu_memory_fraction)
+    return CPU_DEFAULT_KV_BYTES
+
+
+def build_kv_cache(specs: dict[str, AttentionSpec], draft_names: list[str], budget: int,
+                   p: Placement) -> tuple[KVCacheConfig, dict[str, torch.Tensor]]:
+    kv_config = make_kv_cache_config(specs, budget, draft_names)
+    target_groups = {kv_config.group_of(n) for n in specs if n not in draft_names}
+    if len(target_groups) > 1:
+        raise ValueError("the model mixes attention kinds (e.g. sliding-window and full layers) "
+                         "in one stack; hybrid KV cache groups are not supported yet")
+    if draft_names:
+        validate_same_kv_cache_group(kv_config)  # before any cache tensor exists
+    return kv_config, allocate_kv_caches(kv_config, p.dtype, p.device)
