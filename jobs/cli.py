@@ -1,0 +1,128 @@
+"""`eaglebatch` command line. Every option maps onto one field of JobConfig / EngineConfig."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from pipeline.config import JobConfig, JobError
+from runtime.config import DEFAULT_MODEL, EngineConfig, parse_memory_size
+
+_EXIT_USER_ERROR = 2
+
+
+def _memory_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_memory_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _drafter(model: str, option: str) -> str | None:
+    """'none' -> None; 'auto' -> the default drafter of the default model when one ships (none
+    does yet, so None); anything else is a drafter checkpoint path."""
+    if option in ("none", "auto"):
+        return None
+    return option
+
+
+@click.group()
+def main() -> None:
+    """eaglebatch: batch offline LLM generation, Parquet in, Parquet out."""
+
+
+@main.command()
+@click.argument("input", metavar="INPUT")
+@click.argument("output_dir", metavar="OUTPUT_DIR")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Built-in model name, a Hugging Face checkpoint directory or a .gguf file.")
+@click.option("--drafter", default="auto", show_default=True,
+              help="EAGLE drafter checkpoint directory for speculative decoding; 'none' to decode "
+                   "without one; 'auto' uses the model's default drafter when one ships.")
+@click.option("--num-speculative-tokens", default=3, show_default=True, type=click.IntRange(1),
+              help="Draft tokens proposed per step when a drafter is used.")
+@click.option("--prompt-column", default="prompt", show_default=True,
+              help="Input column holding the prompt text (string).")
+@click.option("--id-column", default="id", show_default=True,
+              help="Input column of unique row ids (string or integer). If the input has no such "
+                   "column, ids '<file stem>:<row index>' are made and written to it.")
+@click.option("--messages-column", default=None,
+              help="Input column of chat messages, list<struct<role, content>>, used instead of "
+                   "--prompt-column and rendered with the model's chat template.")
+@click.option("--no-chat-template", "no_chat_template", is_flag=True,
+              help="Tokenize prompts as raw text instead of wrapping them in the model's chat "
+                   "template as a user message.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1),
+              help="Most tokens generated per row (lowered per row to fit the model's context; "
+                   "an input column max_tokens overrides it per row).")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Sampling temperature; 0 means greedy. A temperature column overrides it.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Nucleus sampling: keep the smallest set of tokens whose probability reaches "
+                   "this (1 = off). A top_p column overrides it.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0),
+              help="Sample among the k most likely tokens only (0 = off). A top_k column "
+                   "overrides it.")
+@click.option("--seed", default=None, type=int,
+              help="Random seed for sampling, so reruns draw the same tokens. A seed column "
+                   "overrides it.")
+@click.option("--stop", multiple=True,
+              help="Stop generating when this string appears (may be given several times); the "
+                   "completion is cut before it. A stop column (list<string>) overrides it.")
+@click.option("--n", "n", default=1, show_default=True, type=click.IntRange(1),
+              help="Samples per prompt, written as n rows with a sample_index column; each gets "
+                   "a seed derived from the seed, the row id and the sample index.")
+@click.option("--shard-rows", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Input rows per shard; each shard is written and committed as one part file, "
+                   "the unit of resume.")
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              help="Model weights and compute dtype; auto is float32 on CPU, bfloat16 on GPU.")
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["auto", "cpu", "cuda"]),
+              help="Where the model runs; auto picks cuda when available.")
+@click.option("--kv-cache-memory", default=None, callback=_memory_size,
+              help="Memory for the paged KV cache, e.g. 2GiB or 512MiB (default: 1 GiB on CPU, "
+                   "a fraction of free memory on GPU).")
+@click.option("--max-num-batched-tokens", default=EngineConfig.max_num_batched_tokens,
+              show_default=True, type=click.IntRange(1),
+              help="Token budget of one engine step (prefill chunks + decode tokens).")
+@click.option("--max-num-seqs", default=EngineConfig.max_num_seqs, show_default=True,
+              type=click.IntRange(1), help="Most requests running at once.")
+@click.option("--block-size", default=EngineConfig.block_size, show_default=True,
+              type=click.IntRange(1), help="Tokens per KV cache block.")
+@click.option("--overwrite", is_flag=True,
+              help="Delete this job's earlier outputs in OUTPUT_DIR (part files, stats, manifest) "
+                   "instead of resuming; needed when the options or the input changed.")
+def generate(**options: Any) -> None:
+    """Generate a completion for every row of INPUT (a Parquet file, a directory of Parquet files
+    or a glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json.
+    Rerunning the same command resumes an interrupted job."""
+    from pipeline.job import JobInterrupted, run_job  # imported here: `--help` needs no torch
+
+    try:
+        run_job(_job_config(options))
+    except JobError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(_EXIT_USER_ERROR)
+    except JobInterrupted as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(128 + exc.signum)
+
+
+def _job_config(o: dict[str, Any]) -> JobConfig:
+    engine = EngineConfig(
+        model=o["model"], drafter=_drafter(o["model"], o["drafter"]),
+        num_speculative_tokens=o["num_speculative_tokens"], dtype=o["dtype"], device=o["device"],
+        kv_cache_memory=o["kv_cache_memory"], max_num_batched_tokens=o["max_num_batched_tokens"],
+        max_num_seqs=o["max_num_seqs"], block_size=o["block_size"])
+    return JobConfig(
+        input=o["input"], output_dir=o["output_dir"], prompt_column=o["prompt_column"],
+        id_column=o["id_column"], messages_column=o["messages_column"],
+        chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
+        overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
+        top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]), engine=engine)

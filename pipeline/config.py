@@ -1,0 +1,85 @@
+"""The frozen configuration of one job, and the fingerprint that decides whether a rerun may resume.
+
+Every `eaglebatch generate` option lands in exactly one field here (engine options in `engine`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.config import EngineConfig, SamplingParams
+
+
+class JobError(Exception):
+    """A problem of the user's making (bad input, bad option, refused resume).
+
+    The message is one line that names the file, column or option; the CLI prints it and exits 2.
+    """
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One `eaglebatch generate` job. The sampling fields are the defaults for every row; optional
+    input columns (max_tokens, temperature, top_p, top_k, seed, stop) override them row by row."""
+
+    input: str
+    output_dir: str
+    prompt_column: str = "prompt"
+    id_column: str = "id"
+    messages_column: str | None = None
+    chat_template: bool = True
+    shard_rows: int = 10_000
+    n: int = 1
+    overwrite: bool = False
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        if self.shard_rows < 1:
+            raise JobError(f"--shard-rows must be >= 1, got {self.shard_rows}")
+        if self.n < 1:
+            raise JobError(f"--n must be >= 1, got {self.n}")
+        if self.messages_column is not None and not self.chat_template:
+            raise JobError("--messages-column needs the chat template; drop --no-chat-template")
+        try:
+            self.sampling_params()
+        except ValueError as exc:
+            raise JobError(f"bad sampling option: {exc}") from None
+
+    def sampling_params(self) -> SamplingParams:
+        """The job-wide defaults as engine SamplingParams (rows may override fields)."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
+                              top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything that changes the outputs. A rerun whose fingerprint differs from the one in
+        manifest.json is refused (unless --overwrite). Batch sizes and cache memory are left out:
+        they change speed, not outputs (each request samples with its own seed)."""
+        return {
+            "model": _as_path_if_exists(self.engine.model),
+            "drafter": (None if self.engine.drafter is None
+                        else _as_path_if_exists(self.engine.drafter)),
+            "num_speculative_tokens": self.engine.num_speculative_tokens,
+            "dtype": self.engine.dtype,
+            "max_model_len": self.engine.max_model_len,
+            "sampling": {"max_tokens": self.max_tokens, "temperature": self.temperature,
+                         "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
+                         "stop": list(self.stop)},
+            "columns": {"prompt": self.prompt_column, "id": self.id_column,
+                        "messages": self.messages_column},
+            "chat_template": self.chat_template,
+            "n": self.n,
+            "shard_rows": self.shard_rows,
+        }
+
+
+def _as_path_if_exists(name: str) -> str:
+    """A model given as a path is recorded absolute, so a rerun from another directory matches."""
+    return os.path.abspath(name) if os.path.exists(name) else name

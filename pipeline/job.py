@@ -1,0 +1,199 @@
+"""run_job: one engine, every pending shard of the input, committed one by one.
+
+Order matters: everything that can refuse the job (inputs, the output directory, the model) is
+checked before OUTPUT_DIR is changed or anything is generated.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import NamedTuple
+
+from pipeline.atomic import remove_stale_temps, write_bytes_atomically
+from pipeline.config import JobConfig, JobError
+from pipeline.manifest import (
+    LOCK_FILE,
+    SUCCESS_FILE,
+    Manifest,
+    check_resumable,
+    clear_outputs,
+    drop_missing_parts,
+    load_manifest,
+    our_files,
+)
+from pipeline.progress import Progress
+from pipeline.shard import ShardContext, ShardHooks, run_shard
+from pipeline.sources import InputPlan, open_inputs, plan_shards, scan_inputs
+from pipeline.stages.generate import EngineLike
+from pipeline.stages.tokenize import TokenizeOptions
+from pipeline.stats import Counts, summary_line, total, write_stats
+from runtime.config import EngineConfig
+from runtime.engine import Engine
+
+
+class JobInterrupted(Exception):
+    """SIGINT/SIGTERM: the shard in flight was abandoned; committed shards are kept."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__("interrupted; rerun the same command to resume")
+        self.signum = signum
+
+
+class JobSummary(NamedTuple):
+    totals: Counts  # over every committed shard, this run and earlier ones
+    shards_total: int
+    shards_resumed: int  # committed before this run
+    shards_run: int
+    complete: bool  # _SUCCESS written
+
+    @property
+    def line(self) -> str:
+        return summary_line(self.totals, self.totals.wall_seconds)
+
+
+def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLike] = Engine,
+            progress: bool = True) -> JobSummary:
+    files, schema, has_id = open_inputs(config)
+    plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
+    os.makedirs(config.output_dir, exist_ok=True)
+    with _locked(config.output_dir):
+        manifest = _manifest_for(config, plan)
+        scan_inputs(plan.files, config, plan.has_id_column)
+        engine = _build_engine(engine_factory, config.engine)
+        ctx = _shard_context(config, plan, engine)
+        resumed = _prepare_output_dir(config, manifest)
+        pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
+        bar = Progress(sum(s.num_rows for s in plan.shards),
+                       sum(s.num_rows for s in plan.shards if s.shard_id in manifest.shards),
+                       enabled=progress)
+        try:
+            with _stop_on_signals() as stop:
+                hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
+                for shard in pending:
+                    stop.check()
+                    manifest.shards[shard.shard_id] = run_shard(shard, ctx, hooks)
+                    manifest.save(config.output_dir)
+                    write_stats(config.output_dir, manifest.shards)
+        finally:
+            bar.close()
+        if manifest.complete:
+            write_bytes_atomically(os.path.join(config.output_dir, SUCCESS_FILE), b"")
+    summary = JobSummary(total(manifest.shards.values()), manifest.num_shards, resumed,
+                         len(pending), manifest.complete)
+    print(summary.line)
+    return summary
+
+
+def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
+    """The manifest this run continues (read only: refusals happen before anything changes)."""
+    fresh = Manifest(config.fingerprint(), [f.fingerprint() for f in plan.files], len(plan.shards))
+    if config.overwrite:
+        return fresh
+    existing = load_manifest(config.output_dir)
+    if existing is None:
+        leftovers = [n for n in our_files(config.output_dir) if not n.startswith(".")]
+        if leftovers:
+            raise JobError(f"{config.output_dir} holds {leftovers[0]} but no manifest.json, so it "
+                           f"cannot be resumed; rerun with --overwrite to discard it")
+        return fresh
+    check_resumable(existing, fresh.config, fresh.inputs, config.output_dir)
+    return existing
+
+
+def _prepare_output_dir(config: JobConfig, manifest: Manifest) -> int:
+    """Clear (--overwrite) or tidy OUTPUT_DIR, say whether we resume; return shards done."""
+    if config.overwrite:
+        clear_outputs(config.output_dir)
+    remove_stale_temps(config.output_dir)
+    missing = drop_missing_parts(manifest, config.output_dir)
+    if missing:
+        print(f"part files of committed shards {missing} are missing; regenerating them",
+              file=sys.stderr)
+    if manifest.shards:
+        print(f"resuming: {len(manifest.shards)} of {manifest.num_shards} shards done",
+              file=sys.stderr)
+    manifest.save(config.output_dir)
+    write_stats(config.output_dir, manifest.shards)
+    success = os.path.join(config.output_dir, SUCCESS_FILE)
+    if not manifest.complete and os.path.exists(success):
+        os.remove(success)
+    return len(manifest.shards)
+
+
+def _build_engine(factory: Callable[[EngineConfig], EngineLike],
+                  config: EngineConfig) -> EngineLike:
+    try:
+        return factory(config)
+    except (OSError, ValueError) as exc:
+        what = f"--model {config.model}"
+        if config.drafter:
+            what += f" / --drafter {config.drafter}"
+        raise JobError(f"cannot load {what}: {' '.join(str(exc).split())}") from None
+
+
+def _shard_context(config: JobConfig, plan: InputPlan, engine: EngineLike) -> ShardContext:
+    has_template = bool(getattr(engine.tokenizer, "chat_template", None))
+    if config.messages_column is not None and not has_template:
+        raise JobError(f"--messages-column {config.messages_column}: the tokenizer of "
+                       f"{engine.model_name} has no chat template to render messages with")
+    options = TokenizeOptions(config.prompt_column, config.messages_column,
+                              config.chat_template and has_template, engine.max_model_len,
+                              config.sampling_params())
+    return ShardContext(engine, options, config.n, config.id_column, plan.has_id_column,
+                        config.output_dir)
+
+
+@contextmanager
+def _locked(output_dir: str) -> Iterator[None]:
+    """One job per OUTPUT_DIR at a time (a second one would delete the first one's temp files)."""
+    with open(os.path.join(output_dir, LOCK_FILE), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JobError(f"another eaglebatch job is writing to {output_dir}") from None
+        yield
+
+
+class _StopFlag:
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise JobInterrupted(self.signum)
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:  # a second signal: stop now, wherever we are
+            raise JobInterrupted(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[_StopFlag]:
+    """SIGINT/SIGTERM set a flag that the job checks between stages and after each engine step.
+    Handlers can only be installed from the main thread; elsewhere the flag is never set."""
+    flag = _StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = {s: signal.signal(s, flag.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _on_step(bar: Progress, stop: _StopFlag) -> Callable[[int], None]:
+    def on_step(tokens: int) -> None:
+        bar.tokens_generated(tokens)
+        stop.check()
+
+    return on_step

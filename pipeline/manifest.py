@@ -1,0 +1,132 @@
+"""OUTPUT_DIR/manifest.json: what job wrote this directory, and which shards are committed.
+
+A shard is committed once its part file has been renamed into place AND the manifest that lists it
+has been renamed into place (both atomically). A part file the manifest does not list (a crash
+between the two renames) is simply regenerated and replaced on resume.
+
+    {"version": 1, "config": {...JobConfig.fingerprint()}, "inputs": [{path, size, mtime_ns}, ...],
+     "num_shards": 50, "shards": {"7": {"rows": 10000, "errors": 2, ...Counts}, ...},
+     "totals": {...Counts}, "complete": false}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.atomic import is_temp_name, write_bytes_atomically
+from pipeline.config import JobError
+from pipeline.sources import part_name
+from pipeline.stats import STATS_FILE, Counts, total
+
+MANIFEST_FILE = "manifest.json"
+SUCCESS_FILE = "_SUCCESS"
+LOCK_FILE = ".eaglebatch.lock"
+_VERSION = 1
+
+
+@dataclass
+class Manifest:
+    config: dict[str, Any]
+    inputs: list[dict[str, Any]]
+    num_shards: int
+    shards: dict[int, Counts] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.shards) == self.num_shards
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": _VERSION, "config": self.config, "inputs": self.inputs,
+                "num_shards": self.num_shards,
+                "shards": {str(k): v.to_json() for k, v in sorted(self.shards.items())},
+                "totals": total(self.shards.values()).to_json(), "complete": self.complete}
+
+    def save(self, output_dir: str) -> None:
+        data = json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
+        write_bytes_atomically(os.path.join(output_dir, MANIFEST_FILE), data)
+
+
+def load_manifest(output_dir: str) -> Manifest | None:
+    path = os.path.join(output_dir, MANIFEST_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return Manifest(data["config"], data["inputs"], data["num_shards"],
+                        {int(k): Counts.from_json(v) for k, v in data["shards"].items()})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise JobError(f"{path} is damaged ({exc}); rerun with --overwrite to start over") from None
+
+
+def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dict[str, Any]],
+                    output_dir: str) -> None:
+    """Refuse to resume a directory written by a different job or from different input."""
+    diffs = _differences(manifest.config, config)
+    if diffs:
+        raise JobError(f"{output_dir} holds the outputs of a different job ({'; '.join(diffs)}); "
+                       f"rerun with --overwrite to discard them, or choose another OUTPUT_DIR")
+    change = _input_change(manifest.inputs, inputs)
+    if change:
+        raise JobError(f"the input changed since {output_dir} was written ({change}); rerun with "
+                       f"--overwrite to discard its outputs, or choose another OUTPUT_DIR")
+
+
+def has_our_outputs(output_dir: str) -> bool:
+    return bool(our_files(output_dir))
+
+
+def our_files(output_dir: str) -> list[str]:
+    """The names in output_dir that a job writes (never the user's other files)."""
+    if not os.path.isdir(output_dir):
+        return []
+    return sorted(n for n in os.listdir(output_dir)
+                  if n in (MANIFEST_FILE, STATS_FILE, SUCCESS_FILE) or is_temp_name(n)
+                  or (n.startswith("part-") and n.endswith(".parquet")))
+
+
+def clear_outputs(output_dir: str) -> None:
+    for name in our_files(output_dir):
+        os.remove(os.path.join(output_dir, name))
+
+
+def drop_missing_parts(manifest: Manifest, output_dir: str) -> list[int]:
+    """Forget committed shards whose part file was deleted; return their ids."""
+    missing = [k for k in manifest.shards
+               if not os.path.exists(os.path.join(output_dir, part_name(k)))]
+    for k in missing:
+        del manifest.shards[k]
+    return missing
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """['sampling.temperature: 0.0 -> 0.7', ...] for every leaf that differs."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs
+
+
+def _input_change(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str | None:
+    old_by_path = {f["path"]: f for f in old}
+    new_by_path = {f["path"]: f for f in new}
+    added = sorted(new_by_path.keys() - old_by_path.keys())
+    if added:
+        return f"new file {added[0]}"
+    gone = sorted(old_by_path.keys() - new_by_path.keys())
+    if gone:
+        return f"{gone[0]} is gone"
+    for path, f in new_by_path.items():
+        before = old_by_path[path]
+        if before["size"] != f["size"]:
+            return f"{path} size {before['size']} -> {f['size']} bytes"
+        if before["mtime_ns"] != f["mtime_ns"]:
+            return f"{path} was modified"
+    return None

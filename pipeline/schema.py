@@ -1,0 +1,125 @@
+"""The output schema, and the checks that an input schema can be turned into it.
+
+Each output row is one input row (or one sample of it when n > 1) with every input column passed
+through unchanged, followed by:
+
+    sample_index          int32        only when n > 1: 0 .. n-1
+    completion            string       the generated text, cut at the stop string; null on error
+    completion_token_ids  list<int32>  the generated token ids as the engine returned them;
+                                       null on error
+    finish_reason         string       "stop" (EOS or stop string), "length" or "error"
+    prompt_tokens         int32        tokens in the (templated) prompt; null when it could not
+                                       be tokenized
+    completion_tokens     int32        len(completion_token_ids); 0 on error
+    num_drafted           int32        draft tokens proposed for this row (0 without a drafter)
+    num_accepted          int32        draft tokens accepted
+    max_tokens_clamped    bool         true when max_tokens was lowered so that prompt +
+                                       completion fit the model's context
+    error                 string       why the row could not be generated; null when fine
+
+When the input has no id column, a string column named after --id-column is put first, holding
+`<file stem>:<row index>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from pipeline.config import JobConfig, JobError
+
+OUTPUT_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("completion", pa.string()),
+    pa.field("completion_token_ids", pa.list_(pa.int32())),
+    pa.field("finish_reason", pa.string()),
+    pa.field("prompt_tokens", pa.int32()),
+    pa.field("completion_tokens", pa.int32()),
+    pa.field("num_drafted", pa.int32()),
+    pa.field("num_accepted", pa.int32()),
+    pa.field("max_tokens_clamped", pa.bool_()),
+    pa.field("error", pa.string()),
+)
+SAMPLE_INDEX_FIELD = pa.field("sample_index", pa.int32())
+
+# Optional input columns that override the job's sampling options row by row.
+OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | None) -> pa.Schema:
+    """The schema of every part file written for inputs of `input_schema`."""
+    fields = list(input_schema)
+    if generated_id_column is not None:
+        fields.insert(0, pa.field(generated_id_column, pa.string()))
+    if n > 1:
+        fields.append(SAMPLE_INDEX_FIELD)
+    return pa.schema(fields + list(OUTPUT_FIELDS), metadata=input_schema.metadata)
+
+
+def is_string(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_string_view(t))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t))
+
+
+def is_messages_type(t: pa.DataType) -> bool:
+    """list<struct<role: string, content: string, ...>> (extra struct fields are allowed)."""
+    if not _is_list(t) or not pa.types.is_struct(t.value_type):
+        return False
+    struct = t.value_type
+    names = [struct.field(i).name for i in range(struct.num_fields)]
+    return all(name in names and is_string(struct.field(name).type)
+               for name in ("role", "content"))
+
+
+def _override_type_ok(name: str, t: pa.DataType) -> bool:
+    if name in ("max_tokens", "top_k", "seed"):
+        return bool(pa.types.is_integer(t))
+    if name in ("temperature", "top_p"):
+        return bool(pa.types.is_floating(t) or pa.types.is_integer(t))
+    return _is_list(t) and is_string(t.value_type)  # stop
+
+
+_OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "top_k": "an integer", "seed": "an integer",
+                        "temperature": "a number", "top_p": "a number", "stop": "list<string>"}
+
+
+def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
+    """Refuse an input schema we cannot generate from; return whether it has the id column."""
+    names = schema.names
+    if config.messages_column is not None:
+        _check_column(schema, path, config.messages_column, is_messages_type,
+                      "list<struct<role: string, content: string>>", "--messages-column")
+    else:
+        _check_column(schema, path, config.prompt_column, is_string, "string", "--prompt-column")
+    has_id = config.id_column in names
+    if has_id:
+        id_type = schema.field(config.id_column).type
+        if not (is_string(id_type) or pa.types.is_integer(id_type)):
+            raise JobError(f"{path}: id column {config.id_column!r} is {id_type}; ids must be "
+                           f"strings or integers (see --id-column)")
+    for name in OVERRIDE_COLUMNS:
+        if name in names and not _override_type_ok(name, schema.field(name).type):
+            raise JobError(f"{path}: column {name!r} overrides the {name} option per row and must "
+                           f"be {_OVERRIDE_TYPE_NAMES[name]}, but it is {schema.field(name).type}")
+    reserved = [f.name for f in OUTPUT_FIELDS] + [SAMPLE_INDEX_FIELD.name]
+    clashes = [name for name in names if name in reserved]
+    if clashes:
+        raise JobError(f"{path}: input column {clashes[0]!r} has the name of an output column; "
+                       f"rename it (output columns: {', '.join(reserved)})")
+    if len(set(names)) != len(names):
+        raise JobError(f"{path}: the input has two columns with the same name")
+    return has_id
+
+
+def _check_column(schema: pa.Schema, path: str, column: str,
+                  type_ok: Callable[[pa.DataType], bool], want: str, option: str) -> None:
+    if column not in schema.names:
+        raise JobError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)}); "
+                       f"choose the column with {option}")
+    t = schema.field(column).type
+    if not type_ok(t):
+        raise JobError(f"{path}: column {column!r} is {t}, expected {want} ({option})")

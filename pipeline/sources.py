@@ -1,0 +1,184 @@
+"""Finding the input files, checking them before anything is generated, cutting them into shards.
+
+A shard is `shard_rows` consecutive rows of one file (shards never span files); shards are numbered
+globally in input order, and shard k is written to part-{k:05d}.parquet.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import JobConfig, JobError
+from pipeline.schema import check_input_schema
+
+_SCAN_BATCH_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str  # as found from INPUT (relative paths stay relative, for readable messages)
+    size: int
+    mtime_ns: int
+    num_rows: int
+    row_group_rows: tuple[int, ...]
+
+    @property
+    def stem(self) -> str:
+        return os.path.splitext(os.path.basename(self.path))[0]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"path": os.path.abspath(self.path), "size": self.size, "mtime_ns": self.mtime_ns}
+
+
+@dataclass(frozen=True)
+class Shard:
+    shard_id: int
+    file: InputFile
+    start: int  # first row, within the file
+    stop: int  # one past the last row
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def part_name(self) -> str:
+        return part_name(self.shard_id)
+
+
+def part_name(shard_id: int) -> str:
+    return f"part-{shard_id:05d}.parquet"
+
+
+class InputPlan(NamedTuple):
+    files: list[InputFile]
+    schema: pa.Schema  # of every input file
+    has_id_column: bool  # False: ids are made as "<file stem>:<row index>"
+    shards: list[Shard]
+
+
+def resolve_input(spec: str) -> list[str]:
+    """INPUT is a Parquet file, a directory of Parquet files (sorted by name) or a glob."""
+    if os.path.isfile(spec):
+        return [spec]
+    if os.path.isdir(spec):
+        names = sorted(n for n in os.listdir(spec)
+                       if n.endswith(".parquet") and not n.startswith((".", "_")))
+        if not names:
+            raise JobError(f"input directory {spec} holds no .parquet files")
+        return [os.path.join(spec, n) for n in names]
+    matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+    if not matches:
+        raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
+    return matches
+
+
+def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
+    """Read every file's footer and check its schema (cheap: no row data is read)."""
+    files: list[InputFile] = []
+    first_schema: pa.Schema | None = None
+    has_id = False
+    for path in resolve_input(config.input):
+        try:
+            meta = pq.ParquetFile(path).metadata
+        except (pa.ArrowException, OSError) as exc:
+            raise JobError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
+        schema = meta.schema.to_arrow_schema()
+        if first_schema is None:
+            first_schema = schema
+            has_id = check_input_schema(schema, path, config)
+        elif not schema.equals(first_schema, check_metadata=False):
+            raise JobError(f"{path}: its schema differs from {files[0].path}'s; every input file "
+                           f"must have the same columns and types")
+        stat = os.stat(path)
+        groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        files.append(InputFile(path, stat.st_size, stat.st_mtime_ns, meta.num_rows, groups))
+    assert first_schema is not None
+    if not has_id:
+        _check_stems_unique(files, config.id_column)
+    return files, first_schema, has_id
+
+
+def plan_shards(files: list[InputFile], shard_rows: int) -> list[Shard]:
+    """E.g. files of 5 and 3 rows, shard_rows=2: shards 0-4 are (f0, rows 0-2) (f0, 2-4) (f0, 4-5)
+    (f1, 0-2) (f1, 2-3), where (f, a-b) is rows a..b-1 of file f."""
+    shards: list[Shard] = []
+    for f in files:
+        for start in range(0, f.num_rows, shard_rows):
+            shards.append(Shard(len(shards), f, start, min(start + shard_rows, f.num_rows)))
+    return shards
+
+
+def scan_inputs(files: list[InputFile], config: JobConfig, has_id: bool) -> None:
+    """Read every row once, streaming, so that a corrupt page or a bad id stops the job before
+    anything is generated. Only a 64-bit hash of each id is kept (8 bytes a row); when two hashes
+    collide, a second pass over the colliding ids tells a real duplicate from a hash collision."""
+    hashes = array("q")
+    for f in files:
+        for offset, batch in _iter_file(f):
+            if has_id:
+                ids = batch.column(config.id_column)
+                if ids.null_count:
+                    row = offset + ids.is_null().to_pylist().index(True)
+                    raise JobError(f"{f.path}: id column {config.id_column!r} is null at row {row}")
+                hashes.extend(hash(v) for v in ids.to_pylist())
+    if has_id and len(hashes) > 1:
+        ordered = np.sort(np.frombuffer(hashes, dtype=np.int64))
+        repeated = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+        if repeated:
+            _find_duplicate(files, config.id_column, repeated)
+
+
+def plan_inputs(config: JobConfig) -> InputPlan:
+    files, schema, has_id = open_inputs(config)
+    scan_inputs(files, config, has_id)
+    return InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
+
+
+def _iter_file(f: InputFile,
+               columns: list[str] | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(row offset, batch) over a whole file; read errors name the file."""
+    offset = 0
+    try:
+        for batch in pq.ParquetFile(f.path).iter_batches(_SCAN_BATCH_ROWS, columns=columns):
+            yield offset, batch
+            offset += batch.num_rows
+    except (pa.ArrowException, OSError) as exc:
+        raise JobError(f"{f.path}: cannot read the rows after row {offset} "
+                       f"({_one_line(exc)})") from None
+
+
+def _find_duplicate(files: list[InputFile], id_column: str, hashes: set[int]) -> None:
+    first_seen: dict[object, tuple[str, int]] = {}
+    for f in files:
+        for offset, batch in _iter_file(f, [id_column]):
+            for i, value in enumerate(batch.column(0).to_pylist()):
+                if hash(value) not in hashes:
+                    continue
+                if value in first_seen:
+                    path, row = first_seen[value]
+                    raise JobError(f"duplicate id {value!r} in column {id_column!r}: {path} row "
+                                   f"{row} and {f.path} row {offset + i}; ids must be unique")
+                first_seen[value] = (f.path, offset + i)
+
+
+def _check_stems_unique(files: list[InputFile], id_column: str) -> None:
+    seen: dict[str, str] = {}
+    for f in files:
+        if f.stem in seen:
+            raise JobError(f"no {id_column!r} column, and ids made from file names would repeat: "
+                           f"{seen[f.stem]} and {f.path}; add an id column (see --id-column)")
+        seen[f.stem] = f.path
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

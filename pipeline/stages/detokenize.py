@@ -1,0 +1,29 @@
+"""Detokenize stage: completion token ids -> text (special tokens skipped, cut at the stop)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.request import Completion
+
+
+def detokenize(completions: Sequence[Completion], tokenizer: Any) -> list[str]:
+    """One string per completion, decoded in one batched call.
+
+    The engine keeps the tokens that produced a stop string in token_ids; the text is cut at the
+    stop string's first occurrence (the stop string itself is not part of the completion).
+    """
+    if not completions:
+        return []
+    texts = tokenizer.batch_decode([list(c.token_ids) for c in completions],
+                                   skip_special_tokens=True)
+    return [cut_at_stop(str(text), c.stop_string)
+            for text, c in zip(texts, completions, strict=True)]
+
+
+def cut_at_stop(text: str, stop_string: str | None) -> str:
+    if not stop_string:
+        return text
+    at = text.find(stop_string)
+    return text if at < 0 else text[:at]

@@ -1,0 +1,52 @@
+"""Read stage: the record batches of one shard, streamed from its file's row groups."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import JobError
+from pipeline.sources import Shard
+
+_BATCH_ROWS = 4096
+
+
+def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Yield the rows [shard.start, shard.stop) of shard.file, in order, as record batches.
+
+    Only the row groups that overlap the shard are read. Example: row groups of 4 rows and a shard
+    of rows 6-10 read row groups 1 (rows 4-8) and 2 (rows 8-12), drop rows 4-5 and stop after row 9.
+    """
+    groups: list[int] = []
+    first_row = 0  # file row index of the first row of groups[0]
+    group_start = 0
+    for index, rows in enumerate(shard.file.row_group_rows):
+        if group_start < shard.stop and group_start + rows > shard.start:
+            if not groups:
+                first_row = group_start
+            groups.append(index)
+        group_start += rows
+    position = first_row
+    try:
+        for batch in pq.ParquetFile(shard.file.path).iter_batches(batch_rows, row_groups=groups):
+            lo = max(shard.start - position, 0)
+            hi = min(shard.stop - position, batch.num_rows)
+            position += batch.num_rows
+            if hi > lo:
+                yield batch.slice(lo, hi - lo)
+            if position >= shard.stop:
+                return
+    except (pa.ArrowException, OSError) as exc:
+        raise JobError(f"{shard.file.path}: cannot read rows {shard.start}-{shard.stop} "
+                       f"({' '.join(str(exc).split())})") from None
+
+
+def read_shard_table(shard: Shard) -> pa.Table:
+    """The shard's rows as one table: a shard (not the dataset) is the unit held in memory."""
+    table = pa.Table.from_batches(list(read_shard(shard)))
+    if table.num_rows != shard.num_rows:
+        raise JobError(f"{shard.file.path}: expected {shard.num_rows} rows from row {shard.start}, "
+                       f"read {table.num_rows}; was the file changed during the job?")
+    return table

@@ -1,0 +1,125 @@
+"""Tokenize stage: input rows -> prompt token ids and per-row sampling parameters.
+
+A row that cannot be generated (null or empty prompt, malformed messages, a prompt that leaves no
+room in the model's context, a bad per-row override) becomes a PreparedRow with `error` set; the job
+writes it with finish_reason "error" and goes on. max_tokens is lowered to fit the context
+(prompt + completion <= max_model_len), and `max_tokens_clamped` records that it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from pipeline.schema import OVERRIDE_COLUMNS
+from runtime.config import SamplingParams
+
+
+class PreparedRow(NamedTuple):
+    prompt_token_ids: tuple[int, ...] | None  # None when the row could not be tokenized
+    params: SamplingParams | None  # None on error
+    max_tokens_clamped: bool
+    error: str | None
+
+
+class TokenizeOptions(NamedTuple):
+    prompt_column: str
+    messages_column: str | None
+    use_chat_template: bool  # the job asks for it AND the tokenizer has one
+    max_model_len: int
+    defaults: SamplingParams
+
+
+def tokenize_rows(rows: pa.Table | pa.RecordBatch, tokenizer: Any,
+                  options: TokenizeOptions) -> list[PreparedRow]:
+    """One PreparedRow per input row, in order. Never raises for a bad row."""
+    if options.messages_column is not None:
+        texts = [_render_messages(m, tokenizer)
+                 for m in rows.column(options.messages_column).to_pylist()]
+    else:
+        prompts = rows.column(options.prompt_column).to_pylist()
+        texts = [_render_prompt(p, tokenizer, options.use_chat_template) for p in prompts]
+    token_ids = _tokenize(texts, tokenizer, add_special_tokens=not options.use_chat_template)
+    overrides = {name: rows.column(name).to_pylist()
+                 for name in OVERRIDE_COLUMNS if name in rows.schema.names}
+    prepared = []
+    for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True)):
+        if isinstance(text, _RowError):
+            prepared.append(PreparedRow(None, None, False, text.message))
+        else:
+            assert ids is not None
+            row_overrides = {name: values[i] for name, values in overrides.items()}
+            prepared.append(_prepare(tuple(ids), row_overrides, options))
+    return prepared
+
+
+class _RowError(NamedTuple):
+    message: str
+
+
+def _render_prompt(prompt: str | None, tokenizer: Any, use_chat_template: bool) -> str | _RowError:
+    if prompt is None:
+        return _RowError("prompt is null")
+    if not prompt.strip():
+        return _RowError("prompt is empty")
+    if not use_chat_template:
+        return prompt
+    return _apply_template([{"role": "user", "content": prompt}], tokenizer)
+
+
+def _render_messages(messages: list[dict[str, Any]] | None, tokenizer: Any) -> str | _RowError:
+    if messages is None:
+        return _RowError("messages is null")
+    if not messages:
+        return _RowError("messages is empty")
+    for i, message in enumerate(messages):
+        if message is None:
+            return _RowError(f"messages[{i}] is null")
+        if not message.get("role"):
+            return _RowError(f"messages[{i}] has no role")
+        if message.get("content") is None:
+            return _RowError(f"messages[{i}] ({message['role']}) has null content")
+    cleaned = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    return _apply_template(cleaned, tokenizer)
+
+
+def _apply_template(messages: list[dict[str, Any]], tokenizer: Any) -> str | _RowError:
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # the template is the model's code: any failure is a row error
+        return _RowError(f"chat template failed: {' '.join(str(exc).split())}")
+    return str(text)
+
+
+def _tokenize(texts: Sequence[str | _RowError], tokenizer: Any,
+              add_special_tokens: bool) -> list[list[int] | None]:
+    """Tokenize the good texts in one batched call; None where the text is an error."""
+    good = [t for t in texts if isinstance(t, str)]
+    encoded = iter(tokenizer(good, add_special_tokens=add_special_tokens)["input_ids"]
+                   if good else [])
+    return [next(encoded) if isinstance(t, str) else None for t in texts]
+
+
+def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
+             options: TokenizeOptions) -> PreparedRow:
+    limit = options.max_model_len
+    if not ids:
+        return PreparedRow(ids, None, False, "prompt has no tokens")
+    if len(ids) > limit - 1:
+        return PreparedRow(ids, None, False,
+                           f"prompt has {len(ids)} tokens; the model's context is {limit} tokens, "
+                           f"so a prompt may have at most {limit - 1}")
+    changes = {name: value for name, value in overrides.items() if value is not None}
+    if "stop" in changes:
+        changes["stop"] = tuple(s for s in changes["stop"] if s)
+    try:
+        params = replace(options.defaults, **changes)
+    except ValueError as exc:
+        return PreparedRow(ids, None, False, f"bad per-row sampling option: {exc}")
+    room = limit - len(ids)
+    if params.max_tokens > room:
+        return PreparedRow(ids, replace(params, max_tokens=room), True, None)
+    return PreparedRow(ids, params, False, None)

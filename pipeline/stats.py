@@ -1,0 +1,114 @@
+"""Per-shard statistics, their job totals, and OUTPUT_DIR/stats.parquet.
+
+Definitions (speculative decoding):
+  drafted / accepted        draft tokens proposed / accepted by verification
+  acceptance_rate           accepted / drafted
+  mean_acceptance_length    tokens produced per verification step = 1 + accepted / draft_steps
+                            (the accepted drafts plus the one token the target always adds)
+  per_position_acceptance   [accepted at draft position i / draft_steps for i in 0..k-1]
+All three are null (empty list) when nothing was drafted.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.atomic import write_bytes_atomically
+
+STATS_FILE = "stats.parquet"
+
+STATS_SCHEMA = pa.schema([
+    ("shard_id", pa.int32()), ("rows", pa.int64()), ("errors", pa.int64()),
+    ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+    ("wall_seconds", pa.float64()), ("output_tokens_per_s", pa.float64()),
+    ("drafted", pa.int64()), ("accepted", pa.int64()), ("acceptance_rate", pa.float64()),
+    ("mean_acceptance_length", pa.float64()), ("per_position_acceptance", pa.list_(pa.float64())),
+])
+
+
+@dataclass
+class Counts:
+    """Raw counters, summable across requests, shards and runs (what the manifest stores)."""
+
+    rows: int = 0  # output rows (input rows x n)
+    errors: int = 0  # output rows written with finish_reason "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    draft_steps: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def add(self, other: Counts) -> None:
+        for name in ("rows", "errors", "prompt_tokens", "completion_tokens", "wall_seconds",
+                     "drafted", "accepted", "draft_steps"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.add_positions(other.accepted_per_position)
+
+    def add_positions(self, accepted_per_position: Iterable[int]) -> None:
+        for i, count in enumerate(accepted_per_position):
+            if i < len(self.accepted_per_position):
+                self.accepted_per_position[i] += count
+            else:
+                self.accepted_per_position.append(count)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Counts:
+        return cls(**data)
+
+    def derived(self) -> dict[str, Any]:
+        """The rates of the module docstring."""
+        steps = self.draft_steps
+        return {
+            "output_tokens_per_s": (self.completion_tokens / self.wall_seconds
+                                    if self.wall_seconds > 0 else None),
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "mean_acceptance_length": 1 + self.accepted / steps if self.drafted and steps else None,
+            "per_position_acceptance": ([a / steps for a in self.accepted_per_position]
+                                        if self.drafted and steps else []),
+        }
+
+
+def total(counts: Iterable[Counts]) -> Counts:
+    result = Counts()
+    for c in counts:
+        result.add(c)
+    return result
+
+
+def write_stats(output_dir: str, shards: dict[int, Counts]) -> None:
+    """Rewrite OUTPUT_DIR/stats.parquet (one row per committed shard, by shard id) atomically."""
+    rows = []
+    for shard_id in sorted(shards):
+        c = shards[shard_id]
+        rows.append({"shard_id": shard_id, "rows": c.rows, "errors": c.errors,
+                     "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                     "wall_seconds": c.wall_seconds, "drafted": c.drafted, "accepted": c.accepted,
+                     **c.derived()})
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=STATS_SCHEMA), buffer)
+    write_bytes_atomically(os.path.join(output_dir, STATS_FILE), buffer.getvalue())
+
+
+def summary_line(c: Counts, seconds: float) -> str:
+    """One line for the end of a job, e.g. 'done: 200 rows (1 errors), ... 20.0 tokens/s'."""
+    rate = c.completion_tokens / seconds if seconds > 0 else 0.0
+    line = (f"done: {c.rows} rows ({c.errors} errors), {c.prompt_tokens} prompt tokens, "
+            f"{c.completion_tokens} generated tokens in {seconds:.1f} s, {rate:.1f} tokens/s")
+    if c.drafted:
+        d = c.derived()
+        positions = ", ".join(f"{p:.2f}" for p in d["per_position_acceptance"])
+        line += (f"; acceptance rate {d['acceptance_rate']:.3f}, mean acceptance length "
+                 f"{d['mean_acceptance_length']:.2f}, per position [{positions}]")
+    return line
