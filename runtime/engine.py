@@ -111,9 +111,10 @@ class Engine:
         """Nothing could be scheduled with nothing running: the head request can never fit."""
         seq = self.scheduler.waiting[0]
         self.scheduler.finish(seq, "error")
-        need = len(seq.token_ids) // self.placement.block_size + 1
+        slots = len(seq.token_ids) + self.scheduler.num_lookahead_tokens
+        need = -(-slots // self.placement.block_size)
         return _completion(seq, error=(
-            f"request needs {need} KV cache blocks but the cache has "
+            f"request needs {need} KV cache blocks ({slots} tokens) but the whole cache has "
             f"{self.kv_cache_config.num_blocks - 1}; raise --kv-cache-memory"))
 
     def _postprocess(self, out: SchedulerOutput, result: RunnerOutput

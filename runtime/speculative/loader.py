@@ -1,0 +1,136 @@
+"""Reading EAGLE drafter checkpoints in the layouts public checkpoints and other engines use.
+
+A directory with a Llama-style config.json (num_hidden_layers = N) and model.safetensors or
+pytorch_model.bin holding:
+    fc.weight [H, 2H] (EAGLE-1) or [H, 3H] (EAGLE-3), optional fc.bias
+    layers.{i}.*            decoder layers (EAGLE-1 layer 0 has no input_layernorm)
+    midlayer.*              the single layer of a one-layer EAGLE-3 checkpoint (= layers.0.*)
+    layers.0.input_layernorm / hidden_norm   EAGLE-3's norms of the embedding and the feature
+    norm.weight, lm_head.weight [draft_vocab, H], d2t [draft_vocab]   (EAGLE-3)
+Keys may carry a "model." prefix; embed_tokens and t2d are ignored (the embedding is the
+target's; t2d is only needed for training).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, PretrainedConfig
+
+from runtime.model import head_dim_of
+
+IGNORED_KEYS = ("embed_tokens.weight", "t2d")
+
+
+class DrafterCheckpoint(NamedTuple):
+    config: PretrainedConfig
+    style: str  # eagle1 | eagle3
+    state_dict: dict[str, torch.Tensor]  # names of EagleDrafter's parameters
+    aux_layer_ids: tuple[int, ...]  # target layers whose input feeds EAGLE-3 ((): EAGLE-1)
+
+
+class DrafterMismatchError(ValueError):
+    """The drafter cannot run on this target; the message names the differing field."""
+
+
+def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> DrafterCheckpoint:
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"drafter {path}: no config.json (expected an EAGLE checkpoint "
+                                "directory with config.json and model.safetensors)")
+    raw = json.loads((path / "config.json").read_text())
+    config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
+    config.architectures = raw.get("architectures")
+    tensors = _read_tensors(path)
+    style = _style(tensors, config, path)
+    state = _rename(tensors, style)
+    check_fit(config, state, style, target_config, path)
+    aux = _aux_layer_ids(raw, style, target_config.num_hidden_layers)
+    return DrafterCheckpoint(config, style, state, aux)
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    if files:
+        for f in files:
+            out.update(load_file(str(f)))
+    else:
+        bins = sorted(path.glob("*.bin"))
+        if not bins:
+            raise FileNotFoundError(f"drafter {path}: no *.safetensors or *.bin weights")
+        for f in bins:
+            out.update(torch.load(f, map_location="cpu", weights_only=True))
+    return {k.removeprefix("model."): v for k, v in out.items()}
+
+
+def _style(tensors: dict[str, torch.Tensor], config: PretrainedConfig, path: Path) -> str:
+    if "fc.weight" not in tensors:
+        raise DrafterMismatchError(f"drafter {path}: no fc.weight; not an EAGLE checkpoint")
+    ratio = tensors["fc.weight"].shape[1] // tensors["fc.weight"].shape[0]
+    if ratio not in (2, 3):
+        raise DrafterMismatchError(f"drafter {path}: fc.weight has shape "
+                                   f"{tuple(tensors['fc.weight'].shape)}; expected [H, 2H] "
+                                   "(EAGLE-1) or [H, 3H] (EAGLE-3)")
+    return "eagle3" if ratio == 3 else "eagle1"
+
+
+def _rename(tensors: dict[str, torch.Tensor], style: str) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        if key in IGNORED_KEYS:
+            continue
+        key = "layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key
+        if style == "eagle3" and key == "layers.0.input_layernorm.weight":
+            key = "embed_norm.weight"
+        elif style == "eagle3" and key == "layers.0.hidden_norm.weight":
+            key = "hidden_norm.weight"
+        state[key] = value
+    return state
+
+
+def to_public_names(state: dict[str, torch.Tensor], style: str) -> dict[str, torch.Tensor]:
+    """The inverse of _rename, for saving trained drafters in the public layout."""
+    names = {"embed_norm.weight": "layers.0.input_layernorm.weight",
+             "hidden_norm.weight": "layers.0.hidden_norm.weight"} if style == "eagle3" else {}
+    return {names.get(k, k): v for k, v in state.items()}
+
+
+def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: str,
+              target: PretrainedConfig, path: Path) -> None:
+    def mismatch(field: str, mine: object, theirs: object) -> DrafterMismatchError:
+        return DrafterMismatchError(f"drafter {path} does not fit the target: {field} is {mine} "
+                                    f"in the drafter but {theirs} in the target")
+
+    if config.hidden_size != target.hidden_size:
+        raise mismatch("hidden_size", config.hidden_size, target.hidden_size)
+    if head_dim_of(config) != head_dim_of(target):
+        raise mismatch("head_dim", head_dim_of(config), head_dim_of(target))
+    if style == "eagle1" and config.vocab_size != target.vocab_size:
+        raise mismatch("vocab_size", config.vocab_size, target.vocab_size)
+    if style == "eagle3":
+        d2t = state.get("d2t")
+        draft_vocab = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else None
+        if draft_vocab is None:
+            raise DrafterMismatchError(f"drafter {path}: EAGLE-3 checkpoint without lm_head.weight")
+        if d2t is None and draft_vocab != target.vocab_size:
+            raise mismatch("draft vocabulary (no d2t)", draft_vocab, target.vocab_size)
+        if d2t is not None and int((torch.arange(len(d2t)) + d2t).max()) >= target.vocab_size:
+            raise mismatch("largest d2t-mapped token id", "out of range", target.vocab_size)
+        config.draft_vocab_size = draft_vocab
+        state.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
+
+
+def _aux_layer_ids(raw: dict, style: str, num_layers: int) -> tuple[int, ...]:
+    if style != "eagle3":
+        return ()
+    ids = raw.get("eagle_aux_hidden_state_layer_ids") or (
+        raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = tuple(ids) if ids else (2, num_layers // 2, num_layers - 3)
+    if len(ids) != 3 or any(not 0 <= i < num_layers for i in ids):
+        raise DrafterMismatchError(f"EAGLE-3 aux layer ids {ids} do not fit a target with "
+                                   f"{num_layers} layers (need three ids in 0..{num_layers - 1})")
+    return ids

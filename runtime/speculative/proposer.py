@@ -1,0 +1,120 @@
+"""k draft steps per engine step, with ONE attention-metadata object per draft step.
+
+Step 1 runs the drafter over every position the target verified this step (for a prefill chunk,
+all of its positions, so the drafter's KV stays complete), pairing the target's feature at
+position p with the token at p + 1. Steps 2..k feed one token per sampling request: the previous
+draft token with the drafter's own previous output as feature, one position further on.
+
+Worked example (k = 3): a request had token_ids t0..t9 (10 tokens, 9 computed) and drafts
+[d0, d1, d2]; the target fed t9, d0, d1, d2 at positions 9..12, accepted d0 and d1 and emitted
+[d0, d1, x]. Verified positions are 9, 10, 11 (t9, d0, d1); the tokens after them are d0, d1, x.
+    step 1: positions [9, 10, 11], input ids [d0, d1, x], features = target rows of 9, 10, 11
+            -> draft token a from the row of position 11
+    step 2: position [12], input id [a] -> b;   step 3: position [13], input id [b] -> c
+Rejected d2's KV (position 12) is overwritten by step 2 here and by the target next step; slots
+past the computed tokens are never read before they are rewritten.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from runtime.attention import AttentionMetadata, build_attention_metadata
+from runtime.inputs import StepInputs
+from runtime.kv.cache import compute_slot_mapping
+from runtime.scheduler import SchedulerOutput
+from runtime.speculative.drafter import EagleDrafter
+
+
+class DraftRows(NamedTuple):
+    """Step-1 inputs, flattened over all scheduled requests."""
+
+    input_ids: list[int]
+    positions: list[int]
+    feature_rows: list[int]  # rows of the target's features
+    query_lens: list[int]
+    last_rows: list[int]  # per sampling request: its last row in this flat batch
+    sampling: list[int]  # indices (into SchedulerOutput.scheduled) of sampling requests
+
+
+class EagleProposer:
+    def __init__(self, drafter: EagleDrafter, num_speculative_tokens: int,
+                 aux_layer_ids: tuple[int, ...], device: torch.device) -> None:
+        self.drafter = drafter
+        self.k = num_speculative_tokens
+        self.aux_layer_ids = aux_layer_ids
+        self.device = device
+        self.layer_names = drafter.layer_names
+        self.kv_caches: dict[str, torch.Tensor] = {}
+        self.block_size = 0
+
+    def bind(self, kv_caches: dict[str, torch.Tensor], block_size: int) -> None:
+        """Called once the KV cache exists (after validate_same_kv_cache_group)."""
+        self.kv_caches = {name: kv_caches[name] for name in self.layer_names}
+        self.block_size = block_size
+
+    def step_metadata(self, md: AttentionMetadata) -> dict[str, AttentionMetadata]:
+        """The one metadata object of a draft step, given to every draft layer."""
+        return {name: md for name in self.layer_names}
+
+    @torch.inference_mode()
+    def propose(self, step: StepInputs, out: SchedulerOutput, features: torch.Tensor,
+                emitted: list[list[int] | None], verified: list[int]) -> list[list[int]]:
+        rows = self._first_step_rows(step, out, emitted, verified)
+        tables = step.block_tables
+        seq_lens = [s.start + n for s, n in zip(out.scheduled, rows.query_lens)]
+        slots = [slot for s, n, t in zip(out.scheduled, rows.query_lens, tables)
+                 for slot in compute_slot_mapping(t, range(s.start, s.start + n), self.block_size)]
+        md = build_attention_metadata(rows.query_lens, seq_lens, tables, slots, self.device)
+        feats = features.index_select(0, torch.tensor(rows.feature_rows, device=self.device))
+        hidden = self._run(rows.input_ids, rows.positions, feats, md)
+        drafts: list[list[int]] = [[] for _ in out.scheduled]
+        if not rows.sampling:
+            return drafts
+        last = torch.tensor(rows.last_rows, device=self.device)
+        hidden = hidden.index_select(0, last)  # [num_sampling, H]
+        tokens = self.drafter.compute_draft_tokens(hidden)  # [num_sampling]
+        steps = [tokens]
+        positions = [rows.positions[r] for r in rows.last_rows]
+        lens = [seq_lens[i] for i in rows.sampling]
+        sampling_tables = [tables[i] for i in rows.sampling]
+        for _ in range(self.k - 1):
+            positions = [p + 1 for p in positions]
+            lens = [n + 1 for n in lens]
+            slots = [compute_slot_mapping(t, [p], self.block_size)[0]
+                     for t, p in zip(sampling_tables, positions)]
+            md = build_attention_metadata([1] * len(lens), lens, sampling_tables, slots,
+                                          self.device)
+            hidden = self._run(tokens, positions, hidden, md)
+            tokens = self.drafter.compute_draft_tokens(hidden)
+            steps.append(tokens)
+        proposals = torch.stack(steps, dim=1).tolist()  # [num_sampling, k]
+        for i, proposal in zip(rows.sampling, proposals):
+            drafts[i] = proposal
+        return drafts
+
+    def _run(self, input_ids: list[int] | torch.Tensor, positions: list[int],
+             features: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        ids = torch.as_tensor(input_ids, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return self.drafter(ids, pos, features, self.kv_caches, self.step_metadata(md))
+
+    def _first_step_rows(self, step: StepInputs, out: SchedulerOutput,
+                         emitted: list[list[int] | None], verified: list[int]) -> DraftRows:
+        r = DraftRows([], [], [], [], [], [])
+        for i, (seq, start, n) in enumerate(out.scheduled):
+            new = emitted[i]
+            # verified positions: all fed tokens except the rejected drafts
+            valid = n if new is None else n - verified[i] + (len(new) - 1)
+            tokens = seq.token_ids + (new or [])
+            offset = step.metadata.query_starts[i]
+            r.input_ids.extend(tokens[start + 1:start + valid + 1])
+            r.positions.extend(range(start, start + valid))
+            r.feature_rows.extend(range(offset, offset + valid))
+            r.query_lens.append(valid)
+            if new is not None:
+                r.last_rows.append(len(r.input_ids) - 1)
+                r.sampling.append(i)
+        return r

@@ -1,0 +1,51 @@
+"""Building the EAGLE proposer for an engine: load, check the fit, name the draft layers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from runtime.config import EngineConfig
+from runtime.kv.groups import draft_layer_name
+from runtime.kv.spec import AttentionSpec
+from runtime.model import CausalLM, head_dim_of
+from runtime.rope import RotaryEmbedding
+from runtime.setup import Placement
+from runtime.speculative.drafter import EagleDrafter, draft_windows
+from runtime.speculative.loader import load_drafter_checkpoint
+from runtime.speculative.proposer import EagleProposer
+
+
+def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_positions: int
+                   ) -> tuple[EagleProposer, dict[str, AttentionSpec]]:
+    """Returns the proposer and the draft layers' KV specs, named after the target's layers
+    (layers.{L + i}) so they can never collide with them."""
+    assert config.drafter is not None
+    ckpt = load_drafter_checkpoint(Path(config.drafter), target.config)
+    n_target = target.config.num_hidden_layers
+    names = [draft_layer_name(n_target, i) for i in range(ckpt.config.num_hidden_layers)]
+    windows = draft_windows(ckpt.config, max_positions)
+    drafter = EagleDrafter(ckpt.config, ckpt.style, target, names, p.backend,
+                           fc_bias="fc.bias" in ckpt.state_dict, windows=windows)
+    load_drafter_weights(drafter, ckpt.state_dict, config.drafter)
+    drafter.rope = RotaryEmbedding(ckpt.config, head_dim_of(ckpt.config), max_positions)
+    drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
+    drafter.rope.to(device=p.device)
+    specs = {name: AttentionSpec(p.block_size, ckpt.config.num_key_value_heads,
+                                 head_dim_of(ckpt.config), p.dtype.itemsize, window)
+             for name, window in zip(names, windows)}
+    proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device)
+    return proposer, specs
+
+
+def load_drafter_weights(drafter: EagleDrafter, state: dict[str, torch.Tensor], where: str
+                         ) -> None:
+    params = {k: v for k, v in drafter.state_dict().items()}
+    missing = sorted(set(params) - set(state))
+    unexpected = sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise ValueError(f"drafter {where}: weights do not match an EAGLE {drafter.style} drafter "
+                         f"with {len(drafter.layers)} layers: missing {missing[:6]}, "
+                         f"unexpected {unexpected[:6]}")
+    drafter.load_state_dict(state, strict=True)
