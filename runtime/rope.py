@@ -36,10 +36,11 @@ def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
-        inv_freq, scaling = inverse_frequencies(config, head_dim)
-        t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
-        emb = torch.cat((freqs, freqs), dim=-1)
+        with torch.device("cpu"):  # computed, never loaded: also when built under "meta"
+            inv_freq, scaling = inverse_frequencies(config, head_dim)
+            t = torch.arange(max_positions, dtype=torch.float32)
+            freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
+            emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)  # [max_pos, head_dim]
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)  # [max_pos, head_dim]
 

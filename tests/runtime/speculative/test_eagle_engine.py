@@ -1,0 +1,111 @@
+"""EAGLE in the engine: lossless greedy output, the one-group check, one metadata per draft step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.kv.groups import KVCacheGroupError
+from runtime.request import Completion, GenerationRequest
+from runtime.speculative.loader import DrafterMismatchError
+from tests.drafter_fixtures import make_random_drafter
+from tests.fixtures import make_tiny_checkpoint
+
+PROMPT_LENGTHS = (5, 13, 1, 20, 8, 22)
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(4, 250, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+def run(model_dir: Path, prompts: list[list[int]], **engine_kw: object
+        ) -> tuple[Engine, dict[str, Completion]]:
+    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, **engine_kw))  # type: ignore[arg-type]
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)]
+    return engine, {c.request_id: c for c in engine.generate(requests)}
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model_dir: Path, prompts: list[list[int]]) -> dict[str, Completion]:
+    return run(tiny_model_dir, prompts, kv_cache_memory=1 << 20)[1]
+
+
+@pytest.mark.parametrize("style", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("num_layers", [1, 2, 4])
+def test_greedy_with_random_drafter_equals_target_alone_under_preemption(
+        tiny_model_dir: Path, prompts: list[list[int]], baseline: dict[str, Completion],
+        tmp_path: Path, style: str, num_layers: int) -> None:
+    extra = {"draft_vocab_size": 100, "aux_layer_ids": (0, 1, 1)} if style == "eagle3" else {}
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=num_layers,
+                                  style=style, seed=num_layers, **extra)  # type: ignore[arg-type]
+    # ~13-26 usable blocks of 4 tokens for 6 requests of up to 46 tokens: preemption is forced
+    engine, out = run(tiny_model_dir, prompts, kv_cache_memory=80_000, drafter=str(drafter),
+                      max_num_batched_tokens=32)
+    assert engine.scheduler.num_preemptions > 0
+    assert {k: c.token_ids for k, c in out.items()} == {k: c.token_ids for k, c in baseline.items()}
+    assert all(c.finish_reason == "length" for c in out.values())
+    assert sum(c.num_drafted for c in out.values()) > 0
+    for c in out.values():
+        assert c.num_accepted <= c.num_drafted <= 3 * c.num_draft_steps
+        assert sum(c.accepted_per_position) == c.num_accepted
+
+
+def test_drafter_with_sliding_window_layers_fails_group_check_naming_layers(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    drafter = make_random_drafter(
+        tiny_model_dir, tmp_path / "mixed", num_layers=3, style="eagle1", sliding_window=8,
+        layer_types=["full_attention", "sliding_attention", "full_attention"])
+    with pytest.raises(KVCacheGroupError) as err:
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(drafter)))
+    message = str(err.value)
+    for name in ("layers.2", "layers.3", "layers.4"):
+        assert name in message
+    assert "sliding_window=8" in message
+
+
+def test_every_draft_layer_gets_the_same_metadata_object_each_step(
+        tiny_model_dir: Path, prompts: list[list[int]], tmp_path: Path) -> None:
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "three", num_layers=3)
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                                 drafter=str(drafter), num_speculative_tokens=3))
+    assert engine.proposer is not None
+    layers = engine.proposer.drafter.layers
+    assert [layer.self_attn.layer_name for layer in layers] == ["layers.2", "layers.3", "layers.4"]
+    seen: list[list[object]] = [[] for _ in layers]
+
+    def recorder(i: int):  # noqa: ANN202
+        def hook(module: torch.nn.Module, args: tuple) -> None:
+            seen[i].append(args[4])  # Attention.forward(x, positions, rope, kv_cache, md)
+        return hook
+
+    for i, layer in enumerate(layers):
+        layer.self_attn.register_forward_pre_hook(recorder(i))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    list(engine.generate([GenerationRequest("a", tuple(prompts[0]), params),
+                          GenerationRequest("b", tuple(prompts[1]), params)]))
+    # per engine step that samples: 1 first draft step + (k - 1) later ones
+    assert len(seen[0]) >= 3 * 2
+    assert len(seen[0]) == len(seen[1]) == len(seen[2])
+    for step, md in enumerate(seen[0]):
+        assert seen[1][step] is md and seen[2][step] is md
+    assert len({id(md) for md in seen[0]}) == len(seen[0])  # a new object every draft step
+    # step 1 covers every verified position, later steps one token per request
+    assert seen[0][0].query_lens == [len(prompts[0]), len(prompts[1])]
+    assert seen[0][1].query_lens == [1, 1] and seen[0][2].query_lens == [1, 1]
+
+
+def test_drafter_that_does_not_fit_names_the_field(tiny_model_dir: Path, tmp_path: Path) -> None:
+    other = make_tiny_checkpoint(tmp_path / "wide", hidden_size=96, num_heads=6, num_kv_heads=2)
+    drafter = make_random_drafter(other, tmp_path / "wide-drafter", num_layers=1)
+    with pytest.raises(DrafterMismatchError, match="hidden_size is 96 in the drafter but 64"):
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(drafter)))
