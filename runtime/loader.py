@@ -172,3 +172,11 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> tor
     if tensor.is_floating_point():
         return tensor.to(device=device, dtype=dtype)
     return tensor.to(device=device)
+
+
+def default_drafter(model: str) -> Path | None:
+    """The EAGLE drafter shipped with the project for a built-in model, when there is one."""
+    if model != DEFAULT_MODEL:
+        return None
+    shipped = Path(__file__).resolve().parent.parent / "drafters" / f"{DEFAULT_MODEL}-eagle"
+    return shipped if (shipped / "config.json").is_file() else None
