@@ -146,15 +146,20 @@ def plan_inputs(config: JobConfig) -> InputPlan:
 
 def _iter_file(f: InputFile,
                columns: list[str] | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """(row offset, batch) over a whole file; read errors name the file."""
+    """(row offset, batch) over a whole file, one row group at a time, so that a read error can
+    name the file and the rows of the row group it is in."""
+    parquet = pq.ParquetFile(f.path)
     offset = 0
-    try:
-        for batch in pq.ParquetFile(f.path).iter_batches(_SCAN_BATCH_ROWS, columns=columns):
+    for group, rows in enumerate(f.row_group_rows):
+        try:
+            batches = list(parquet.iter_batches(_SCAN_BATCH_ROWS, row_groups=[group],
+                                                columns=columns))
+        except (pa.ArrowException, OSError) as exc:
+            raise JobError(f"{f.path}: cannot read row group {group} (rows {offset}-"
+                           f"{offset + rows - 1}): {_one_line(exc)}") from None
+        for batch in batches:
             yield offset, batch
             offset += batch.num_rows
-    except (pa.ArrowException, OSError) as exc:
-        raise JobError(f"{f.path}: cannot read the rows after row {offset} "
-                       f"({_one_line(exc)})") from None
 
 
 def _find_duplicate(files: list[InputFile], id_column: str, hashes: set[int]) -> None:

@@ -40,8 +40,8 @@ def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
         table = table.add_column(0, pa.field(id_column, pa.string()), [list(generated_ids)])
     if n > 1:
         table = table.take([row for row in range(inputs.num_rows) for _ in range(n)])
-        table = table.append_column(SAMPLE_INDEX_FIELD,
-                                    [[s for _ in range(inputs.num_rows) for s in range(n)]])
+        samples = pa.array([s for _ in range(inputs.num_rows) for s in range(n)], pa.int32())
+        table = table.append_column(SAMPLE_INDEX_FIELD, samples)
     for index, field in enumerate(OUTPUT_FIELDS):
         table = table.append_column(field, pa.array([o[index] for o in outputs], field.type))
     schema = output_schema(inputs.schema, n, id_column if generated_ids is not None else None)

@@ -1,0 +1,94 @@
+"""manifest.json: round trip, refusal messages, and which files a job owns."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import JobConfig, JobError
+from pipeline.manifest import (Manifest, check_resumable, clear_outputs, drop_missing_parts,
+                               load_manifest, our_files)
+from pipeline.stats import Counts
+
+INPUTS = [{"path": "/data/a.parquet", "size": 100, "mtime_ns": 5},
+          {"path": "/data/b.parquet", "size": 200, "mtime_ns": 6}]
+
+
+def _manifest(**kw: object) -> Manifest:
+    config = JobConfig(input="in", output_dir="out", **kw)  # type: ignore[arg-type]
+    return Manifest(config.fingerprint(), [dict(i) for i in INPUTS], 3)
+
+
+def test_round_trip_with_totals(tmp_path: Path) -> None:
+    m = _manifest()
+    m.shards[2] = Counts(rows=4, errors=1, completion_tokens=10, wall_seconds=2.0)
+    m.shards[0] = Counts(rows=5, completion_tokens=20, wall_seconds=1.0, drafted=6, accepted=3,
+                         draft_steps=2, accepted_per_position=[2, 1, 0])
+    m.save(str(tmp_path))
+    assert os.listdir(tmp_path) == ["manifest.json"]
+    loaded = load_manifest(str(tmp_path))
+    assert loaded == m and not loaded.complete
+    data = m.to_json()
+    assert list(data["shards"]) == ["0", "2"]
+    assert data["totals"] == {"rows": 9, "errors": 1, "prompt_tokens": 0, "completion_tokens": 30,
+                              "wall_seconds": 3.0, "drafted": 6, "accepted": 3, "draft_steps": 2,
+                              "accepted_per_position": [2, 1, 0]}
+
+
+def test_no_manifest_and_damaged_manifest(tmp_path: Path) -> None:
+    assert load_manifest(str(tmp_path)) is None
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(JobError, match=r"manifest.json is damaged .*rerun with --overwrite"):
+        load_manifest(str(tmp_path))
+
+
+def test_same_job_and_input_may_resume() -> None:
+    m = _manifest()
+    check_resumable(m, _manifest().config, [dict(i) for i in INPUTS], "out")
+
+
+def test_a_different_job_is_refused_naming_what_changed() -> None:
+    m = _manifest()
+    other = _manifest(temperature=0.7, stop=("\n",)).config
+    with pytest.raises(JobError) as err:
+        check_resumable(m, other, INPUTS, "out")
+    assert str(err.value) == (
+        "out holds the outputs of a different job (sampling.stop: [] -> ['\\n']; "
+        "sampling.temperature: 0.0 -> 0.7); rerun with --overwrite to discard them, "
+        "or choose another OUTPUT_DIR")
+
+
+@pytest.mark.parametrize(("inputs", "change"), [
+    ([INPUTS[0], {**INPUTS[1], "size": 201}], "/data/b.parquet size 200 -> 201 bytes"),
+    ([INPUTS[0], {**INPUTS[1], "mtime_ns": 7}], "/data/b.parquet was modified"),
+    ([INPUTS[0]], "/data/b.parquet is gone"),
+    ([*INPUTS, {"path": "/data/c.parquet", "size": 1, "mtime_ns": 1}], "new file /data/c.parquet"),
+])
+def test_changed_input_is_refused(inputs: list, change: str) -> None:
+    m = _manifest()
+    with pytest.raises(JobError) as err:
+        check_resumable(m, m.config, inputs, "out")
+    assert str(err.value) == (f"the input changed since out was written ({change}); rerun with "
+                              f"--overwrite to discard its outputs, or choose another OUTPUT_DIR")
+
+
+def test_clear_outputs_removes_only_the_job_files(tmp_path: Path) -> None:
+    for name in ("part-00000.parquet", "part-00001.parquet", "manifest.json", "stats.parquet",
+                 "_SUCCESS", ".part-00002.parquet.tmp-123", "notes.txt", "partial.csv"):
+        (tmp_path / name).write_text("x")
+    assert our_files(str(tmp_path)) == [".part-00002.parquet.tmp-123", "_SUCCESS",
+                                        "manifest.json", "part-00000.parquet",
+                                        "part-00001.parquet", "stats.parquet"]
+    clear_outputs(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "partial.csv"]
+
+
+def test_committed_shards_whose_part_file_is_gone_are_forgotten(tmp_path: Path) -> None:
+    m = _manifest()
+    m.shards = {0: Counts(rows=1), 1: Counts(rows=1), 2: Counts(rows=1)}
+    for k in (0, 2):
+        (tmp_path / f"part-0000{k}.parquet").write_text("x")
+    assert drop_missing_parts(m, str(tmp_path)) == [1]
+    assert sorted(m.shards) == [0, 2]
