@@ -11,7 +11,11 @@ from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.sampler import make_sampling_tensors, target_probs
 from runtime.scheduler import SchedulerOutput
-from runtime.speculative.rejection_sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
+from runtime.speculative.rejection_sampler import (
+    PLACEHOLDER_TOKEN_ID,
+    greedy_verify,
+    rejection_sample,
+)
 
 
 class RunnerOutput(NamedTuple):
@@ -69,13 +73,17 @@ class ModelRunner:
         flat = torch.tensor(index, device=self.device).view(-1)
         logits = self.model.compute_logits(hidden.index_select(0, flat))
         seqs = [out.scheduled[r.index].seq for r in rows]
+        drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
+                              device=self.device).view(len(rows), width)
+        num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
+        if all(s.params.greedy for s in seqs):
+            argmax = logits.argmax(-1).view(len(rows), width + 1)
+            sampled = greedy_verify(drafts, num_drafts, argmax)
+            return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
         st = make_sampling_tensors([s.params.temperature for s in seqs],
                                    [s.params.top_k for s in seqs],
                                    [s.params.top_p for s in seqs], self.device)
         probs = target_probs(logits, st, width + 1)
-        drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
-                              device=self.device).view(len(rows), width)
-        num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
         sampled = rejection_sample(drafts, num_drafts, None, probs, st.greedy,
                                    [s.generator for s in seqs])
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]

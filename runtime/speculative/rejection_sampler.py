@@ -150,3 +150,22 @@ def _draw_noise(
     # Exp(1) may round to 0 in float32; keep the race's division finite.
     exponential.clamp_(min=torch.finfo(exponential.dtype).tiny)
     return _Noise(uniform, exponential)
+
+
+def greedy_verify(
+    draft_token_ids: Tensor,  # [batch, k] int64; entries at j >= num_draft_tokens[b] are ignored
+    num_draft_tokens: Tensor,  # [batch] int64, 0..k
+    target_argmax: Tensor,  # [batch, k + 1] int64, argmax of the target's logits per position
+) -> Tensor:  # [batch, k + 1] int64, same layout as rejection_sample's output
+    """rejection_sample for a batch whose rows are all greedy, without building distributions
+    or drawing noise: accept while draft == argmax, then emit the argmax at the stop position
+    (the recovered token on a mismatch, the bonus token when all drafts agree)."""
+    batch, k = draft_token_ids.shape
+    device = target_argmax.device
+    valid = torch.arange(k, device=device) < num_draft_tokens.unsqueeze(-1)  # [batch, k]
+    accepted = (draft_token_ids == target_argmax[:, :k]) & valid
+    num_acc = accepted.long().cumprod(dim=-1).sum(dim=-1, keepdim=True)  # [batch, 1]
+    position = torch.arange(k + 1, device=device)  # [k + 1]
+    # accepted drafts equal the argmax at their positions, so the argmax row up to and including
+    # the stop position is exactly the emitted sequence
+    return torch.where(position <= num_acc, target_argmax, PLACEHOLDER_TOKEN_ID)

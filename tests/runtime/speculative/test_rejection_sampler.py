@@ -233,3 +233,22 @@ def test_generator_count_must_match_batch() -> None:
 def test_num_accepted_is_emitted_tokens_minus_one() -> None:
     out = torch.tensor([[3, 1, 4, 6], [2, 7, P, P], [5, P, P, P], [1, 2, P, P]])
     assert num_accepted(out, torch.tensor([3, 1, 0, 2])).tolist() == [3, 1, 0, 1]
+
+
+def test_greedy_verify_matches_rejection_sample_on_greedy_rows() -> None:
+    from runtime.speculative.rejection_sampler import greedy_verify
+
+    g = torch.Generator().manual_seed(3)
+    batch, k, vocab = 64, 3, 6
+    logits = torch.randn(batch, k + 1, vocab, generator=g)
+    argmax = logits.argmax(-1)
+    # drafts agree with the argmax at random positions, so every acceptance length occurs
+    drafts = torch.where(torch.rand(batch, k, generator=g) < 0.7, argmax[:, :k],
+                         torch.randint(0, vocab, (batch, k), generator=g))
+    num_drafts = torch.randint(0, k + 1, (batch,), generator=g)
+    probs = torch.nn.functional.one_hot(argmax, vocab).float()
+    expected = rejection_sample(drafts, num_drafts, None, probs, torch.ones(batch, dtype=torch.bool),
+                                [None] * batch)
+    assert torch.equal(greedy_verify(drafts, num_drafts, argmax), expected)
+    lengths = (expected != PLACEHOLDER_TOKEN_ID).sum(-1)
+    assert set(lengths.tolist()) == {1, 2, 3, 4}
