@@ -24,4 +24,6 @@ def read_parts(output_dir: Path) -> pa.Table:
 
 
 def hidden_files(output_dir: Path) -> list[str]:
-    return sorted(n for n in os.listdir(output_dir) if n.startswith(".") and n != ".eaglebatch.lock")
+    """Hidden files other than the job lock (temp files, if any were left behind)."""
+    names = os.listdir(output_dir)
+    return sorted(n for n in names if n.startswith(".") and n != ".eaglebatch.lock")

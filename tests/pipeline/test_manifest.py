@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import JobConfig, JobError
-from pipeline.manifest import (Manifest, check_resumable, clear_outputs, drop_missing_parts,
-                               load_manifest, our_files)
+from pipeline.manifest import (
+    Manifest,
+    check_resumable,
+    clear_outputs,
+    drop_missing_parts,
+    load_manifest,
+    our_files,
+)
 from pipeline.stats import Counts
 
 INPUTS = [{"path": "/data/a.parquet", "size": 100, "mtime_ns": 5},

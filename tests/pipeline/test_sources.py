@@ -22,11 +22,13 @@ def _prompts(n: int, start: int = 0) -> dict[str, list]:
             "prompt": [f"prompt {i}" for i in range(start, start + n)]}
 
 
-def test_directory_lists_parquet_files_sorted_skipping_hidden_and_underscore(tmp_path: Path) -> None:
+def test_directory_lists_parquet_files_sorted_skipping_hidden_and_underscore(
+        tmp_path: Path) -> None:
     for name in ("b.parquet", "a.parquet", "_meta.parquet", ".tmp.parquet"):
         write_parquet(tmp_path / name, _prompts(1))
     (tmp_path / "notes.txt").write_text("x")
-    assert resolve_input(str(tmp_path)) == [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    assert resolve_input(str(tmp_path)) == [str(tmp_path / "a.parquet"),
+                                            str(tmp_path / "b.parquet")]
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
@@ -93,7 +95,8 @@ def test_corrupt_data_page_is_found_before_generation(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("columns", "kw", "message"), [
     ({"id": ["a"], "text": ["hi"]}, {},
      "no column 'prompt' (columns: id, text); choose the column with --prompt-column"),
-    ({"id": ["a"], "prompt": [1]}, {}, "column 'prompt' is int64, expected string (--prompt-column)"),
+    ({"id": ["a"], "prompt": [1]}, {},
+     "column 'prompt' is int64, expected string (--prompt-column)"),
     ({"id": ["a"], "msgs": [["hi"]]}, {"messages_column": "msgs"},
      "column 'msgs' is list<element: string>, expected list<struct<role: string, content: string>> "
      "(--messages-column)"),

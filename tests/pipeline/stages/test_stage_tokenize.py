@@ -40,7 +40,8 @@ def test_messages_column(tiny_tokenizer: Any) -> None:
     rows = pa.table({"msgs": messages})
     [row] = tokenize_rows(rows, tiny_tokenizer, _options(messages_column="msgs"))
     text = "<s>system: Be brief.</s>\nuser: Hi</s>\nassistant:"
-    assert row.prompt_token_ids == tuple(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
+    expected = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert row.prompt_token_ids == tuple(expected)
 
 
 def test_bad_rows_become_error_rows(tiny_tokenizer: Any) -> None:

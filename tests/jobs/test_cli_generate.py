@@ -1,0 +1,233 @@
+"""`eaglebatch generate` through the real CLI and the real engine on the tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner, Result
+
+from jobs.cli import main
+from tests.pipeline.helpers import hidden_files, read_parts, write_parquet
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = ["Paris is the capital of", "The quick brown fox", "To bake bread, mix flour",
+           "The sky is blue because", "Berlin is", "Once upon a time", "Numbers: 0 1 2 3"]
+GENERATED = [
+    ("completion", pa.string()), ("completion_token_ids", pa.list_(pa.int32())),
+    ("finish_reason", pa.string()), ("prompt_tokens", pa.int32()),
+    ("completion_tokens", pa.int32()), ("num_drafted", pa.int32()), ("num_accepted", pa.int32()),
+    ("max_tokens_clamped", pa.bool_()), ("error", pa.string()),
+]
+
+
+def _generate(model_dir: Path, input_path: Path, out: Path, *args: str) -> Result:
+    return CliRunner().invoke(main, ["generate", str(input_path), str(out), "--model",
+                                     str(model_dir), "--kv-cache-memory", "16MiB", *args])
+
+
+def _types(table: pa.Table | pa.Schema) -> list[tuple[str, pa.DataType]]:
+    schema = table if isinstance(table, pa.Schema) else table.schema
+    return [(f.name, f.type) for f in schema]
+
+
+def test_generate_writes_the_documented_schema_one_row_per_input_row(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    inputs = pa.table({
+        "id": pa.array([10, 11, 12, 13, 14, 15, 16], pa.int64()),
+        "prompt": PROMPTS,
+        "score": [0.5, None, 1.5, 2.0, 2.5, 3.0, 3.5],
+        "tags": [["a"], [], None, ["b", "c"], ["d"], ["e"], ["f"]],
+        "meta": [{"src": "x", "n": i} for i in range(7)],
+    })
+    path = write_parquet(tmp_path / "in.parquet", dict(zip(inputs.column_names, inputs.columns,
+                                                           strict=True)), row_group_size=2)
+    result = _generate(tiny_model_dir, path, tmp_path / "out", "--shard-rows", "3",
+                       "--max-tokens", "5")
+    assert result.exit_code == 0, result.output
+    assert "done: 7 rows (0 errors), " in result.stdout
+    assert sorted(n for n in os.listdir(tmp_path / "out") if not n.startswith(".")) == [
+        "_SUCCESS", "manifest.json", "part-00000.parquet", "part-00001.parquet",
+        "part-00002.parquet", "stats.parquet"]
+    table = read_parts(tmp_path / "out")
+    assert _types(table) == _types(inputs) + GENERATED
+    assert table.column("id").to_pylist() == [10, 11, 12, 13, 14, 15, 16]
+    assert table.select(inputs.column_names).equals(inputs)
+    assert set(table.column("finish_reason").to_pylist()) <= {"stop", "length"}
+    assert all(0 < n <= 5 for n in table.column("completion_tokens").to_pylist())
+    assert table.column("error").null_count == 7
+
+
+def test_no_id_column_ids_from_file_stem_and_row(tmp_path: Path, tiny_model_dir: Path) -> None:
+    path = write_parquet(tmp_path / "chunk.parquet", {"prompt": PROMPTS[:3]})
+    result = _generate(tiny_model_dir, path, tmp_path / "out", "--max-tokens", "2")
+    assert result.exit_code == 0, result.output
+    table = read_parts(tmp_path / "out")
+    assert table.schema.names[:2] == ["id", "prompt"]
+    assert table.column("id").to_pylist() == ["chunk:0", "chunk:1", "chunk:2"]
+
+
+def test_n_2_writes_sample_index_and_a_rerun_draws_the_same_samples(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    path = write_parquet(tmp_path / "in.parquet", {"id": ["a", "b", "c"], "prompt": PROMPTS[:3]})
+    args = ("--n", "2", "--temperature", "1.0", "--seed", "3", "--max-tokens", "8")
+    first = _generate(tiny_model_dir, path, tmp_path / "out1", *args)
+    second = _generate(tiny_model_dir, path, tmp_path / "out2", *args, "--shard-rows", "1")
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    table = read_parts(tmp_path / "out1")
+    assert table.column("id").to_pylist() == ["a", "a", "b", "b", "c", "c"]
+    assert table.column("sample_index").to_pylist() == [0, 1, 0, 1, 0, 1]
+    assert table.schema.field("sample_index").type == pa.int32()
+    ids = table.column("completion_token_ids").to_pylist()
+    assert ids[0::2] != ids[1::2]  # the two samples of a row are not the same draw
+    rerun = read_parts(tmp_path / "out2").column("completion_token_ids").to_pylist()
+    assert rerun == ids  # whatever the sharding, the same seeds
+
+
+def test_per_row_overrides_messages_and_error_rows(tmp_path: Path, tiny_model_dir: Path) -> None:
+    msgs = [[{"role": "user", "content": "Hi"}], [], [{"role": "user", "content": "Tell me"}],
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go"}]]
+    path = write_parquet(tmp_path / "in.parquet", {
+        "id": ["m0", "m1", "m2", "m3"], "msgs": msgs,
+        "max_tokens": pa.array([1, None, 3, 600], pa.int64())})
+    result = _generate(tiny_model_dir, path, tmp_path / "out", "--messages-column", "msgs",
+                       "--max-tokens", "6")
+    assert result.exit_code == 0, result.output
+    assert "done: 4 rows (1 errors), " in result.stdout
+    rows = read_parts(tmp_path / "out").to_pylist()
+    assert [r["finish_reason"] for r in rows[:3]] == ["length", "error", "length"]
+    assert [r["completion_tokens"] for r in rows[:3]] == [1, 0, 3]
+    # 600 tokens do not fit the 512-token context: clamped to 512 - prompt (EOS may come sooner)
+    assert [r["max_tokens_clamped"] for r in rows] == [False, False, False, True]
+    assert rows[3]["completion_tokens"] <= 512 - rows[3]["prompt_tokens"]
+    assert rows[1]["error"] == "messages is empty"
+
+
+def test_resume_after_losing_a_part_file_regenerates_only_that_shard(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    path = write_parquet(tmp_path / "in.parquet", {"id": list(range(7)), "prompt": PROMPTS})
+    out = tmp_path / "out"
+    args = ("--shard-rows", "2", "--max-tokens", "6")
+    assert _generate(tiny_model_dir, path, out, *args).exit_code == 0
+    before = read_parts(out)
+    kept = {n: os.stat(out / n).st_mtime_ns for n in ("part-00000.parquet", "part-00003.parquet")}
+    (out / "part-00002.parquet").unlink()
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["shards"]["2"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = _generate(tiny_model_dir, path, out, *args)
+    assert result.exit_code == 0, result.output
+    assert "resuming: 3 of 4 shards done" in result.stderr
+    assert read_parts(out).equals(before)
+    assert {n: os.stat(out / n).st_mtime_ns for n in kept} == kept
+
+
+@pytest.mark.parametrize(("setup", "args", "message"), [
+    ("missing_column", (), "{input}: no column 'prompt' (columns: id, text); choose the column "
+                           "with --prompt-column"),
+    ("duplicate_ids", (), "duplicate id 'x' in column 'id': {input} row 0 and {input} row 2; "
+                          "ids must be unique"),
+    ("corrupt", (), "{input}: not a readable Parquet file ("),
+    ("ok", ("--messages-column", "msgs", "--no-chat-template"),
+     "--messages-column needs the chat template; drop --no-chat-template"),
+    ("parts_without_manifest", (), "{out} holds part-00000.parquet but no manifest.json"),
+    ("ok", ("--model", "{tmp}/no-such-model"), "cannot load --model {tmp}/no-such-model: "),
+])
+def test_user_errors_exit_2_with_one_line(tmp_path: Path, setup: str, args: tuple[str, ...],
+                                          message: str) -> None:
+    path = tmp_path / "in.parquet"
+    out = tmp_path / "out"
+    if setup == "missing_column":
+        write_parquet(path, {"id": ["a"], "text": ["hi"]})
+    elif setup == "duplicate_ids":
+        write_parquet(path, {"id": ["x", "y", "x"], "prompt": ["a", "b", "c"]})
+    elif setup == "corrupt":
+        path.write_bytes(b"PAR1 but not really")
+    else:
+        write_parquet(path, {"id": ["a"], "prompt": ["hi"]})
+    if setup == "parts_without_manifest":
+        out.mkdir()
+        (out / "part-00000.parquet").write_bytes(b"x")
+    fmt = {"input": path, "out": out, "tmp": tmp_path}
+    argv = ["generate", str(path), str(out), "--model", str(tmp_path / "no-such-model")]
+    if "--model" in args:
+        argv = ["generate", str(path), str(out)]
+    result = CliRunner().invoke(main, argv + [a.format(**fmt) for a in args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: " + message.format(**fmt))
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+
+
+def test_bad_option_values_exit_2() -> None:
+    result = CliRunner().invoke(main, ["generate", "in", "out", "--kv-cache-memory", "lots"])
+    assert result.exit_code == 2 and "cannot read memory size 'lots'" in result.output
+    result = CliRunner().invoke(main, ["generate", "in", "out", "--top-p", "0"])
+    assert result.exit_code == 2
+
+
+def test_every_option_has_help() -> None:
+    for param in main.commands["generate"].params:
+        if isinstance(param, __import__("click").Option):
+            assert param.help and len(param.help) > 20, param.name
+
+
+def _start(model_dir: Path, input_path: Path, out: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobs", "generate", str(input_path), str(out), "--model",
+         str(model_dir), "--kv-cache-memory", "16MiB", "--shard-rows", "1", "--max-tokens", "24"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for_shards(out: Path, more_than: int, proc: subprocess.Popen[bytes]) -> int:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            done = len(json.loads((out / "manifest.json").read_text())["shards"])
+        except (OSError, ValueError):
+            done = 0
+        if done > more_than:
+            return done
+        time.sleep(0.02)
+    raise AssertionError("no shard committed in time")
+
+
+def test_sigint_then_sigkill_then_resume_gives_every_row_once_as_uninterrupted(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    prompts = [f"{p} {i}" for i in range(3) for p in PROMPTS] * 2  # 42 rows, 42 shards
+    path = write_parquet(tmp_path / "in.parquet",
+                         {"id": [f"r{i}" for i in range(len(prompts))], "prompt": prompts})
+    out = tmp_path / "out"
+    proc = _start(tiny_model_dir, path, out)
+    _wait_for_shards(out, 0, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr.decode().rstrip().endswith("interrupted; rerun the same command to resume")
+    assert not (out / "_SUCCESS").exists()
+
+    proc = _start(tiny_model_dir, path, out)
+    done = _wait_for_shards(out, 1, proc)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(timeout=60)
+    assert done < len(prompts) and not (out / "_SUCCESS").exists()
+
+    result = CliRunner().invoke(main, ["generate", str(path), str(out), "--model",
+                                       str(tiny_model_dir), "--kv-cache-memory", "16MiB",
+                                       "--shard-rows", "1", "--max-tokens", "24"])
+    assert result.exit_code == 0, result.output
+    assert hidden_files(out) == [] and (out / "_SUCCESS").exists()
+    table = read_parts(out)
+    assert table.column("id").to_pylist() == [f"r{i}" for i in range(len(prompts))]
+    reference = _generate(tiny_model_dir, path, tmp_path / "ref", "--shard-rows", "7",
+                          "--max-tokens", "24")
+    assert reference.exit_code == 0
+    assert table.equals(read_parts(tmp_path / "ref"))
