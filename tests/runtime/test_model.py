@@ -9,8 +9,9 @@ a chunked prefill, and one forward mixing a decode, a long and a short prefill c
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ SEQ_LEN = 21  # > BATCHED_QUERY_MAX, so a whole prefill takes the one-sequence a
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "llama-gqa": {"arch": "llama"},
     "qwen2-qkv-bias": {"arch": "qwen2"},
     "mistral": {"arch": "mistral"},
@@ -48,6 +49,15 @@ class Pair(NamedTuple):
     ours: CausalLM  # built directly and loaded with load_weights
     reference: PreTrainedModel
     model_dir: Path
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread (more only adds synchronization)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
