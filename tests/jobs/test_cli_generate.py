@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 
 from jobs.cli import main
+from tests.drafter_fixtures import make_random_drafter
 from tests.pipeline.helpers import hidden_files, read_parts, write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,3 +233,29 @@ def test_sigint_then_sigkill_then_resume_gives_every_row_once_as_uninterrupted(
                           "--max-tokens", "24")
     assert reference.exit_code == 0
     assert table.equals(read_parts(tmp_path / "ref"))
+
+
+def test_drafter_is_lossless_and_its_acceptance_is_reported(tmp_path: Path,
+                                                            tiny_model_dir: Path) -> None:
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=2)
+    path = write_parquet(tmp_path / "in.parquet", {"id": [0, 1, 2], "prompt": PROMPTS[:3]})
+    args = ("--max-tokens", "12", "--shard-rows", "2")
+    plain = _generate(tiny_model_dir, path, tmp_path / "plain", *args, "--drafter", "none")
+    spec = _generate(tiny_model_dir, path, tmp_path / "spec", *args, "--drafter", str(drafter),
+                     "--num-speculative-tokens", "3")
+    assert plain.exit_code == 0 and spec.exit_code == 0, plain.output + spec.output
+    assert "acceptance rate" not in plain.stdout
+    assert "acceptance rate " in spec.stdout and "per position [" in spec.stdout
+    with_drafter = read_parts(tmp_path / "spec")
+    assert (with_drafter.column("completion_token_ids").to_pylist()
+            == read_parts(tmp_path / "plain").column("completion_token_ids").to_pylist())
+    assert sum(with_drafter.column("num_drafted").to_pylist()) > 0
+    stats = pq.read_table(tmp_path / "spec" / "stats.parquet").to_pylist()
+    assert [s["shard_id"] for s in stats] == [0, 1]
+    for s in stats:
+        assert s["drafted"] > 0 and s["acceptance_rate"] == s["accepted"] / s["drafted"]
+        assert len(s["per_position_acceptance"]) == 3
+        assert s["mean_acceptance_length"] >= 1.0
+    manifest = json.loads((tmp_path / "spec" / "manifest.json").read_text())
+    assert manifest["config"]["drafter"] == str(drafter)
+
