@@ -12,7 +12,8 @@ two sequences: seq A has 5 tokens cached and 3 new ones, seq B has 0 cached and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,6 +33,9 @@ class AttentionMetadata:
     seq_lens_host: list[int]  # host copy of seq_lens
     max_query_len: int
     max_seq_len: int
+    # Per-backend values derived from the fields above (index tensors, masks), computed by the
+    # first layer that reads this object and reused by the others.
+    derived: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:
