@@ -1,0 +1,91 @@
+"""`eaglebatch train-drafter`: train an EAGLE drafter for a target model on its own answers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+import pyarrow.parquet as pq
+
+from runtime.config import DEFAULT_MODEL
+from runtime.speculative.train_job import TrainDrafterJob, run_train_drafter
+from runtime.speculative.training import TrainConfig
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'45m' -> 2700.0, '1.5h' -> 5400.0, '90' or '90s' -> 90.0 seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise click.BadParameter(f"cannot read duration {text!r}; use e.g. 45m, 2h or 600s")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(ids, prompts) from a Parquet file with a `prompt` column (and `id`, else row numbers)."""
+    table = pq.read_table(path)
+    if "prompt" not in table.schema.names:
+        raise click.BadParameter(f"{path} has no 'prompt' column")
+    prompts = [str(p) for p in table.column("prompt").to_pylist()]
+    ids = ([str(i) for i in table.column("id").to_pylist()] if "id" in table.schema.names
+           else [str(i) for i in range(len(prompts))])
+    keep = [i for i, p in enumerate(prompts) if p.strip()][:limit]
+    return tuple(ids[i] for i in keep), tuple(prompts[i] for i in keep)
+
+
+@click.command("train-drafter")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Target: a built-in name, a Hugging Face checkpoint directory or a .gguf file.")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(exists=True,
+              dir_okay=False, path_type=Path), help="Parquet file of training prompts (column "
+              "'prompt'); the target answers them itself.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output directory: the drafter checkpoint, its model card, data and state.")
+@click.option("--layers", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--style", default="eagle1", show_default=True,
+              type=click.Choice(["eagle1", "eagle3"]))
+@click.option("--num-speculative-tokens", default=3, show_default=True, type=click.IntRange(1),
+              help="k: draft steps unrolled in training and used in the evaluation.")
+@click.option("--draft-vocab-size", default=None, type=click.IntRange(1),
+              help="EAGLE-3: draft vocabulary (most frequent answer tokens); EAGLE-1: the "
+                   "vocabulary of the token loss. Default min(8192, vocab).")
+@click.option("--max-steps", default=None, type=click.IntRange(1))
+@click.option("--time-budget", default=None, help="Training time, e.g. 45m (with or instead of "
+              "--max-steps; training stops at whichever comes first).")
+@click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt and OUT/data.")
+@click.option("--max-answer-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--max-train-prompts", default=None, type=click.IntRange(1),
+              help="Use only the first N training prompts.")
+@click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(0, min_open=True))
+@click.option("--batch-tokens", default=4096, show_default=True, type=click.IntRange(64))
+@click.option("--bf16-autocast/--no-bf16-autocast", default=False, show_default=True,
+              help="Train under bf16 autocast (faster on CPUs with AMX/AVX512-BF16).")
+@click.option("--eval-prompts", default=None, type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), help="Held-out Parquet prompts to measure acceptance on at the end.")
+@click.option("--num-eval", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--eval-max-tokens", default=128, show_default=True, type=click.IntRange(1))
+def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, style: str,
+                  num_speculative_tokens: int, draft_vocab_size: int | None,
+                  max_steps: int | None, time_budget: str | None, resume: bool,
+                  max_answer_tokens: int, max_train_prompts: int | None, lr: float,
+                  batch_tokens: int, bf16_autocast: bool, eval_prompts: Path | None,
+                  num_eval: int, eval_max_tokens: int) -> None:
+    """Train an EAGLE drafter for MODEL on its own answers to PROMPTS; write it to OUT."""
+    if max_steps is None and time_budget is None:
+        raise click.UsageError("give --max-steps or --time-budget")
+    ids, prompts = read_prompts(prompts_path, max_train_prompts)
+    evals = read_prompts(eval_prompts, num_eval)[1] if eval_prompts is not None else ()
+    train = TrainConfig(num_steps=num_speculative_tokens, lr=lr, max_steps=max_steps,
+                        time_budget_s=parse_duration(time_budget) if time_budget else None,
+                        batch_tokens=batch_tokens, autocast_bf16=bf16_autocast)
+    run_train_drafter(TrainDrafterJob(
+        model=model, prompt_ids=ids, prompts=prompts, out_dir=out_dir, train=train,
+        num_layers=layers, style=style, num_speculative_tokens=num_speculative_tokens,
+        draft_vocab_size=draft_vocab_size, max_answer_tokens=max_answer_tokens, resume=resume,
+        eval_prompts=evals, eval_max_tokens=eval_max_tokens, prompts_source=prompts_path.name))
+
+
+if __name__ == "__main__":
+    train_drafter()

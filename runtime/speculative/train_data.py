@@ -1,0 +1,172 @@
+"""Training data for a drafter: the target's own answers, then its features over them.
+
+Two stages, each resumable, both under DATA_DIR:
+1. answers.jsonl — one line per training prompt: {"id", "prompt_ids", "answer_ids"}, the target's
+   greedy answer generated with our Engine (chat template applied, as the generate job does).
+   Lines are appended as requests finish; a rerun skips ids already present.
+2. features-NNNNN.safetensors — the teacher-forced pass of the target over prompt+answer, in shards
+   of `shard_size` sequences, packed: input_ids [T], features [T, F] (fp16), seq_starts [S+1]
+   (cu_seqlens), loss_start [S] (offset of the first answer token inside each sequence).
+   A shard is written to a temp name and renamed, so a present shard is complete.
+
+Features: EAGLE-1 uses the final hidden state (after the final norm); EAGLE-3 the concat of the
+residual streams entering the three aux layers. They come from the Hugging Face model
+(hidden_states[i] = the stream entering layer i, hidden_states[-1] = after the final norm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.request import GenerationRequest
+
+ANSWERS = "answers.jsonl"
+
+
+class PackedShard(NamedTuple):
+    input_ids: torch.Tensor  # [T] int64, sequences packed back to back
+    features: torch.Tensor  # [T, F] fp16
+    seq_starts: torch.Tensor  # [S + 1] int64: sequence s is rows seq_starts[s]:seq_starts[s+1]
+    loss_start: torch.Tensor  # [S] int64, first answer token's offset inside sequence s
+
+
+def render_prompts(prompts: Sequence[str], tokenizer: Any) -> list[list[int]]:
+    """Chat-templated token ids, exactly as the generate job's tokenize stage makes them."""
+    if not getattr(tokenizer, "chat_template", None):
+        return [list(ids) for ids in tokenizer(list(prompts))["input_ids"]]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True) for p in prompts]
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: Sequence[str],
+                     data_dir: Path, max_answer_tokens: int,
+                     progress: Any = None) -> Path:
+    """Appends the target's greedy answer for every prompt not yet in answers.jsonl."""
+    from runtime.engine import Engine  # noqa: PLC0415 (heavy; only this stage needs it)
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / ANSWERS
+    done = {row["id"] for row in read_answers(path)}
+    todo = [(i, p) for i, p in zip(ids, prompts, strict=True) if i not in done]
+    if not todo:
+        return path
+    engine = Engine(engine_config)
+    token_ids = render_prompts([p for _, p in todo], engine.tokenizer)
+    params = SamplingParams(max_tokens=max_answer_tokens)
+    requests = (GenerationRequest(i, tuple(t), params)
+                for (i, _), t in zip(todo, token_ids, strict=True))
+    with path.open("a") as f:
+        for c in engine.generate(requests):
+            if c.finish_reason == "error" or not c.token_ids:
+                continue
+            f.write(json.dumps({"id": c.request_id, "prompt_ids": list(c.prompt_token_ids),
+                                "answer_ids": list(c.token_ids)}) + "\n")
+            f.flush()
+            if progress is not None:
+                progress.update(1)
+    return path
+
+
+def read_answers(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of answers.jsonl (a line cut by a crash is skipped)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def shard_path(data_dir: Path, index: int) -> Path:
+    return data_dir / f"features-{index:05d}.safetensors"
+
+
+def write_shard(path: Path, shard: PackedShard) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({k: v.contiguous() for k, v in shard._asdict().items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def read_shard(path: Path) -> PackedShard:
+    t = load_file(str(path))
+    return PackedShard(t["input_ids"], t["features"], t["seq_starts"], t["loss_start"])
+
+
+def feature_layers(style: str, aux_layer_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """Indices into HF hidden_states: (-1,) for EAGLE-1, the aux layer ids for EAGLE-3."""
+    return (-1,) if style == "eagle1" else aux_layer_ids
+
+
+@torch.inference_mode()
+def compute_features(model: torch.nn.Module, rows: Sequence[dict[str, Any]],
+                     layers: tuple[int, ...], batch_tokens: int = 2048) -> PackedShard:
+    """Teacher-forced pass of an HF causal LM over prompt+answer for each row, packed."""
+    seqs = [r["prompt_ids"] + r["answer_ids"] for r in rows]
+    feats: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    for batch in _length_batches(order, seqs, batch_tokens):
+        width = max(len(seqs[i]) for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.int64)
+        mask = torch.zeros(len(batch), width, dtype=torch.int64)
+        for b, i in enumerate(batch):  # right padding: causal attention keeps real tokens exact
+            ids[b, :len(seqs[i])] = torch.tensor(seqs[i])
+            mask[b, :len(seqs[i])] = 1
+        # the backbone only: the LM head's logits are not needed
+        out = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        h = torch.cat([out.hidden_states[j] for j in layers], dim=-1)
+        for b, i in enumerate(batch):
+            feats[i] = h[b, :len(seqs[i])].to(torch.float16)
+    lengths = torch.tensor([len(s) for s in seqs])
+    return PackedShard(
+        input_ids=torch.tensor([t for s in seqs for t in s], dtype=torch.int64),
+        features=torch.cat(feats),
+        seq_starts=torch.cat((torch.zeros(1, dtype=torch.int64), lengths.cumsum(0))),
+        loss_start=torch.tensor([len(r["prompt_ids"]) for r in rows], dtype=torch.int64))
+
+
+def _length_batches(order: list[int], seqs: list[list[int]],
+                    batch_tokens: int) -> Iterator[list[int]]:
+    batch: list[int] = []
+    for i in order:  # ascending length: a batch's padded size is len(batch) * its last length
+        if batch and (len(batch) + 1) * len(seqs[i]) > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def build_feature_shards(model_dir: Path, data_dir: Path, layers: tuple[int, ...],
+                         shard_size: int = 64, dtype: torch.dtype = torch.float32,
+                         include_partial: bool = True, progress: Any = None) -> list[Path]:
+    """Writes every missing features shard for answers.jsonl; returns all shard paths.
+    include_partial=False skips a last chunk of fewer than shard_size rows (answers still
+    being generated); a shard is never rewritten, so build the partial one only at the end."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    rows = read_answers(data_dir / ANSWERS)
+    chunks = [rows[i:i + shard_size] for i in range(0, len(rows), shard_size)]
+    if chunks and not include_partial and len(chunks[-1]) < shard_size:
+        chunks.pop()
+    paths = [shard_path(data_dir, i) for i in range(len(chunks))]
+    missing = [i for i, p in enumerate(paths) if not p.is_file()]
+    if missing:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        model.eval()
+        for i in missing:
+            write_shard(paths[i], compute_features(model, chunks[i], layers))
+            if progress is not None:
+                progress.update(len(chunks[i]))
+    return paths

@@ -1,0 +1,104 @@
+"""Measuring a trained drafter with the real engine, and writing its model card."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.request import GenerationRequest
+from runtime.speculative.train_data import render_prompts
+
+if TYPE_CHECKING:
+    from runtime.speculative.train_job import TrainDrafterJob
+
+
+class EvalResult(NamedTuple):
+    num_prompts: int
+    num_tokens: int
+    drafted: int
+    accepted: int
+    draft_steps: int
+    per_position: list[float]  # accepted at position j / draft steps
+    seconds: float
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / max(1, self.drafted)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.accepted / max(1, self.draft_steps)
+
+    def summary(self) -> str:
+        per = ", ".join(f"{p:.3f}" for p in self.per_position)
+        return (f"evaluation on {self.num_prompts} held-out prompts ({self.num_tokens} tokens, "
+                f"{self.seconds:.0f} s): acceptance rate {self.acceptance_rate:.3f}, mean "
+                f"acceptance length {self.mean_acceptance_length:.3f}, per position [{per}]")
+
+
+def evaluate(model: str, drafter: Path, prompts: Sequence[str], k: int, max_tokens: int,
+             dtype: str = "float32") -> EvalResult:
+    """Greedy generation with our engine and the drafter; acceptance as vLLM reports it."""
+    from runtime.engine import Engine  # noqa: PLC0415
+
+    engine = Engine(EngineConfig(model=model, dtype=dtype, drafter=str(drafter),
+                                 num_speculative_tokens=k, max_model_len=2048))
+    ids = render_prompts(prompts, engine.tokenizer)
+    params = SamplingParams(max_tokens=max_tokens)
+    started = time.perf_counter()
+    tokens = drafted = accepted = steps = 0
+    per = [0] * k
+    for c in engine.generate(GenerationRequest(str(i), tuple(t), params)
+                             for i, t in enumerate(ids)):
+        tokens += len(c.token_ids)
+        drafted += c.num_drafted
+        accepted += c.num_accepted
+        steps += c.num_draft_steps
+        for j, a in enumerate(c.accepted_per_position):
+            per[j] += a
+    return EvalResult(len(prompts), tokens, drafted, accepted, steps,
+                      [a / max(1, steps) for a in per], time.perf_counter() - started)
+
+
+def write_model_card(job: TrainDrafterJob, num_sequences: int, num_answer_tokens: int,
+                     steps: int, wall_s: float, log: list[dict[str, float]],
+                     result: EvalResult | None) -> Path:
+    last = log[-20:]
+    acc = {key: sum(r[key] for r in last) / len(last)
+           for key in (last[0] if last else {}) if key.startswith("acc")}
+    measured = (result.summary() if result is not None else "not evaluated (no --eval-prompts)")
+    card = f"""# EAGLE drafter for `{job.model}`
+
+Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter <this dir>`.
+
+- Target: `{job.model}` (its embedding and LM head are shared, not stored here)
+- Style: {job.style}, {job.num_layers} decoder layers, trained with k = {job.train.num_steps}
+  unrolled draft steps; weights stored as {job.save_dtype}
+- Data: {num_sequences} answers ({num_answer_tokens} tokens) that the target generated itself with
+  our engine (greedy, chat template, at most {job.max_answer_tokens} tokens, target in
+  {job.data_dtype}) for the prompts in `{job.prompts_source}`; features from one teacher-forced pass
+  of the target over prompt + answer
+- Initialisation: {"draft layers copied from the target's last layers" if job.init_from_target
+                   else "random"}
+- Training: {steps} steps, AdamW lr {job.train.lr}, warm-up {job.train.warmup_steps} steps then
+  cosine, {job.train.batch_tokens} padded tokens per batch, grad clip {job.train.grad_clip},
+  token-loss weight {job.train.ce_weight}, step decay {job.train.step_decay}
+- Wall time of the whole job: {wall_s / 60:.1f} min
+- Training accuracy (last 20 steps, per unrolled step): {json.dumps(
+        {k: round(v, 3) for k, v in acc.items()})}
+- Measured (greedy, k = {job.num_speculative_tokens}, fp32, max {job.eval_max_tokens} tokens):
+  {measured}
+"""
+    path = job.out_dir / "README.md"
+    path.write_text(card)
+    (job.out_dir / "train_log.json").write_text(json.dumps(_thin(log)) + "\n")
+    return path
+
+
+def _thin(log: list[dict[str, Any]], keep: int = 200) -> list[dict[str, Any]]:
+    stride = max(1, len(log) // keep)
+    return log[::stride]

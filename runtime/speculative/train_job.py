@@ -1,0 +1,224 @@
+"""The train-drafter job: answers -> features -> training -> drafter checkpoint -> evaluation.
+
+OUT_DIR ends up holding config.json + model.safetensors (the drafter, loadable with
+EngineConfig(drafter=OUT_DIR)), README.md (model card), checkpoint.pt (resumable training state),
+data/ (answers.jsonl and features shards, reused by --resume) and train_log.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from runtime.config import EngineConfig
+from runtime.kv.groups import draft_layer_name
+from runtime.loader import load_model_config, load_state_dict, resolve_model
+from runtime.model import CausalLM, head_dim_of
+from runtime.rope import RotaryEmbedding
+from runtime.speculative.checkpoint import drafter_config_dict
+from runtime.speculative.drafter import EagleDrafter
+from runtime.speculative.loader import to_public_names
+from runtime.speculative.train_data import (
+    ANSWERS,
+    build_feature_shards,
+    feature_layers,
+    generate_answers,
+    read_answers,
+    read_shard,
+)
+from runtime.speculative.train_eval import EvalResult, evaluate, write_model_card
+from runtime.speculative.training import DrafterTrainer, TrainConfig, collate, make_batches
+
+
+@dataclass(frozen=True)
+class TrainDrafterJob:
+    model: str
+    prompt_ids: tuple[str, ...]
+    prompts: tuple[str, ...]
+    out_dir: Path
+    train: TrainConfig
+    num_layers: int = 2
+    style: str = "eagle1"
+    num_speculative_tokens: int = 3
+    draft_vocab_size: int | None = None  # EAGLE-3: draft vocabulary; EAGLE-1: token-loss vocab
+    max_answer_tokens: int = 128
+    data_dtype: str = "bfloat16"  # dtype of the target while making data (bfloat16 is faster)
+    save_dtype: str = "bfloat16"
+    init_from_target: bool = True
+    resume: bool = False
+    eval_prompts: tuple[str, ...] = ()
+    eval_max_tokens: int = 128
+    prompts_source: str = ""
+
+
+def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
+    started = time.time()
+    model_dir = resolve_model(job.model)
+    target_config = load_model_config(model_dir)
+    data_dir = job.out_dir / "data"
+    if not job.resume and (job.out_dir / "checkpoint.pt").exists():
+        raise FileExistsError(f"{job.out_dir} holds a training checkpoint; pass --resume")
+    engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
+                                 max_model_len=min(2048, target_config.max_position_embeddings))
+    with tqdm(total=len(job.prompts), desc="answers", unit="seq") as bar:
+        bar.update(len(read_answers(data_dir / ANSWERS)))
+        generate_answers(engine_config, job.prompt_ids, job.prompts, data_dir,
+                         job.max_answer_tokens, bar)
+    aux = (2, target_config.num_hidden_layers // 2, target_config.num_hidden_layers - 3)
+    rows = read_answers(data_dir / ANSWERS)
+    with tqdm(total=len(rows), desc="features", unit="seq") as bar:
+        shards = build_feature_shards(model_dir, data_dir, feature_layers(job.style, aux),
+                                      dtype=getattr(torch, job.data_dtype), progress=bar)
+    target = load_target(model_dir, target_config)
+    vocab = frequent_tokens(rows, job.draft_vocab_size or min(8192, target_config.vocab_size))
+    drafter = build_drafter(target, job, vocab)
+    trainer = DrafterTrainer(drafter, job.train, loss_vocab=vocab,
+                             t2d=t2d_of(vocab, target_config.vocab_size))
+    ckpt = job.out_dir / "checkpoint.pt"
+    if job.resume and ckpt.exists():
+        trainer.load_state(torch.load(ckpt, weights_only=False))
+    log = train_loop(trainer, shards, ckpt)
+    config = drafter_config_dict(target_config, job.num_layers, job.style,
+                                 len(vocab) if job.style == "eagle3" else None,
+                                 aux if job.style == "eagle3" else None)
+    save_drafter(job.out_dir, config, drafter, job.style, getattr(torch, job.save_dtype))
+    result = None
+    if job.eval_prompts:
+        result = evaluate(job.model, job.out_dir, job.eval_prompts, job.num_speculative_tokens,
+                          job.eval_max_tokens)
+        print(result.summary())
+    write_model_card(job, len(rows), sum(len(r["answer_ids"]) for r in rows), trainer.step,
+                     time.time() - started, log, result)
+    return result
+
+
+def load_target(model_dir: Path, config: Any) -> CausalLM:
+    target = CausalLM(config, "torch", config.max_position_embeddings)
+    target.load_weights(load_state_dict(model_dir, torch.float32))
+    target.requires_grad_(False)
+    return target.eval()
+
+
+def build_drafter(target: CausalLM, job: TrainDrafterJob, vocab: torch.Tensor) -> EagleDrafter:
+    from transformers import LlamaConfig  # noqa: PLC0415
+
+    raw = drafter_config_dict(target.config, job.num_layers, job.style, len(vocab))
+    config = LlamaConfig(**{k: v for k, v in raw.items() if k != "architectures"})
+    n = target.config.num_hidden_layers
+    names = [draft_layer_name(n, i) for i in range(job.num_layers)]
+    torch.manual_seed(job.train.seed)
+    drafter = EagleDrafter(config, job.style, target, names, "torch", fc_bias=job.style == "eagle1",
+                           windows=[None] * job.num_layers)
+    drafter.rope = RotaryEmbedding(config, head_dim_of(config), config.max_position_embeddings + 8)
+    if job.init_from_target:
+        init_from_target(drafter, target)
+    if job.style == "eagle3":
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(target.lm_head.weight[vocab])
+            drafter.norm.weight.copy_(target.model.norm.weight)
+            drafter.d2t.copy_(vocab - torch.arange(len(vocab)))
+    return drafter
+
+
+def init_from_target(drafter: EagleDrafter, target: CausalLM) -> None:
+    """Draft layer i starts as target layer L - N + i; EAGLE-1's fc starts as [small | I] so the
+    first layer's input is the target feature plus a little of the next token's embedding."""
+    n, layers = len(drafter.layers), target.model.layers
+    with torch.no_grad():
+        for i, layer in enumerate(drafter.layers):
+            source = layers[len(layers) - n + i].state_dict()
+            mine = layer.state_dict()
+            layer.load_state_dict({k: v for k, v in source.items()
+                                   if k in mine and mine[k].shape == v.shape}, strict=False)
+        if drafter.style == "eagle1":
+            h = drafter.fc.weight.shape[0]
+            drafter.fc.weight[:, :h].mul_(0.1)
+            drafter.fc.weight[:, h:].copy_(torch.eye(h))
+            drafter.fc.bias.zero_()
+
+
+def frequent_tokens(rows: Sequence[dict[str, Any]], size: int) -> torch.Tensor:
+    """[size] the most frequent answer token ids (ties by id), sorted ascending."""
+    counts = Counter(t for r in rows for t in r["answer_ids"])
+    top = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]]
+    rest = (t for t in range(10**9) if t not in counts)
+    top += [next(rest) for _ in range(size - len(top))]
+    return torch.tensor(sorted(top), dtype=torch.int64)
+
+
+def t2d_of(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[vocab_size] target id -> index in `vocab`, or -1."""
+    t2d = torch.full((vocab_size,), -1, dtype=torch.int64)
+    t2d[vocab] = torch.arange(len(vocab))
+    return t2d
+
+
+def train_loop(trainer: DrafterTrainer, shards: list[Path], ckpt: Path,
+               every: int = 50) -> list[dict[str, float]]:
+    """Epochs over the shards until the step/time budget is spent; data order depends only on
+    (seed, epoch), so a resumed run skips the batches it already trained on."""
+    log: list[dict[str, float]] = []
+    seen = 0
+    bar = tqdm(initial=trainer.step, total=trainer.config.max_steps, desc="train", unit="step")
+    epoch = 0
+    while not trainer.done():
+        g = torch.Generator().manual_seed(trainer.config.seed * 1000 + epoch)
+        for s in torch.randperm(len(shards), generator=g).tolist():
+            shard = read_shard(shards[s])
+            for seqs in make_batches(shard, trainer.config.batch_tokens, g):
+                seen += 1
+                if seen <= trainer.step:
+                    continue
+                m = trainer.train_step(collate(shard, seqs))
+                acc = " ".join(f"{a:.2f}" for a in m.accuracy)
+                bar.set_postfix_str(f"loss {m.loss:.3f} acc {acc} lr {trainer.learning_rate():.1e}")
+                bar.update(1)
+                log.append({"step": trainer.step, "loss": m.loss, "s": trainer.elapsed_s,
+                            **{f"acc{j}": a for j, a in enumerate(m.accuracy)}})
+                if trainer.step % every == 0 or trainer.done():
+                    save_checkpoint(trainer, ckpt)
+                if trainer.done():
+                    break
+            if trainer.done():
+                break
+        epoch += 1
+    bar.close()
+    save_checkpoint(trainer, ckpt)
+    return log
+
+
+def save_checkpoint(trainer: DrafterTrainer, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(trainer.state(), tmp)
+    os.replace(tmp, path)
+
+
+def save_drafter(out_dir: Path, config: dict, drafter: EagleDrafter, style: str,
+                 dtype: torch.dtype) -> None:
+    """config.json + model.safetensors in the public layout, each written atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
+               for k, v in to_public_names(drafter.state_dict(), style).items()}
+    tmp = out_dir / ".model.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, out_dir / "model.safetensors")
+    (out_dir / ".config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(out_dir / ".config.json.tmp", out_dir / "config.json")
+
+
+def job_summary(job: TrainDrafterJob) -> dict[str, Any]:
+    fields = asdict(job)
+    for key in ("prompt_ids", "prompts", "eval_prompts"):
+        fields[key] = len(fields[key])
+    fields["out_dir"] = Path(job.out_dir).name
+    return fields

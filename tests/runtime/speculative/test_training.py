@@ -1,0 +1,125 @@
+"""Drafter training on the tiny random target: the training forward equals the paged forward,
+a few steps lower the loss, the saved drafter decodes losslessly in the engine, --resume
+continues from the step it stopped at."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.attention import build_attention_metadata
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.kv.cache import compute_slot_mapping
+from runtime.loader import load_model_config
+from runtime.request import GenerationRequest
+from runtime.speculative.train_data import read_answers, read_shard
+from runtime.speculative.train_forward import step_mask, unrolled_forward
+from runtime.speculative.train_job import (
+    TrainDrafterJob,
+    build_drafter,
+    load_target,
+    run_train_drafter,
+)
+from runtime.speculative.training import DrafterTrainer, TrainConfig, collate
+
+PROMPTS = ("Hello there", "What is two plus two?", "Name a colour.", "Tell me a story",
+           "Count to five", "Why is the sky blue?")
+BLOCK = 4
+
+
+def _job(model_dir: Path, out: Path, **overrides: object) -> TrainDrafterJob:
+    train = TrainConfig(max_steps=12, lr=3e-3, warmup_steps=2, batch_tokens=128, seed=0)
+    job = TrainDrafterJob(model=str(model_dir), prompt_ids=tuple(str(i) for i in range(6)),
+                          prompts=PROMPTS, out_dir=out, train=train, max_answer_tokens=12,
+                          data_dtype="float32", save_dtype="float32")
+    return dataclasses.replace(job, **overrides)  # type: ignore[arg-type]
+
+
+def _paged(drafter, ids: list[int], positions: list[int], feats: torch.Tensor,
+           caches: dict[str, torch.Tensor], seq_len: int) -> torch.Tensor:
+    table = [1, 2, 3, 4]
+    slots = compute_slot_mapping(table, positions, BLOCK)
+    md = build_attention_metadata([len(ids)], [seq_len], [table], slots, torch.device("cpu"))
+    return drafter(torch.tensor(ids), torch.tensor(positions), feats, caches,
+                   {name: md for name in drafter.layer_names})
+
+
+def test_step_mask() -> None:
+    assert step_mask(1, 3, torch.device("cpu")).int().tolist() == [
+        [1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("style", ["eagle1", "eagle3"])
+def test_training_forward_equals_paged_forward(tiny_model_dir: Path, tmp_path: Path,
+                                               style: str) -> None:
+    target = load_target(tiny_model_dir, load_model_config(tiny_model_dir))
+    job = _job(tiny_model_dir, tmp_path, style=style, num_layers=2, init_from_target=False)
+    drafter = build_drafter(target, job, torch.arange(40, 120))
+    for p in drafter.parameters():  # random weights everywhere, norms included
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    torch.manual_seed(1)
+    ids = torch.randint(4, 256, (10,))
+    feats = torch.randn(10, (3 if style == "eagle3" else 1) * 64)
+    with torch.no_grad():
+        hidden = unrolled_forward(drafter, ids[None], feats[None], num_steps=3)
+        head = drafter.layers[0].self_attn
+        caches = {n: torch.zeros(2, 5, BLOCK, head.num_kv_heads, head.head_dim)
+                  for n in drafter.layer_names}
+        # step 1 over the whole sequence: token at p + 1 with the feature at p
+        step0 = _paged(drafter, ids[1:].tolist(), list(range(9)), feats[:9], caches, 9)
+        torch.testing.assert_close(hidden[0][0, :9], step0, rtol=1e-4, atol=1e-4)
+        # anchor 5: the prefix, then two drafts fed with the drafter's own outputs
+        caches = {n: torch.zeros_like(c) for n, c in caches.items()}
+        prefix = _paged(drafter, ids[1:7].tolist(), list(range(6)), feats[:6], caches, 6)
+        d1 = _paged(drafter, [int(ids[7])], [6], prefix[5:6], caches, 7)
+        d2 = _paged(drafter, [int(ids[8])], [7], d1, caches, 8)
+    torch.testing.assert_close(hidden[1][0, 5], d1[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(hidden[2][0, 5], d2[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_few_steps_lower_the_loss(tiny_model_dir: Path, tmp_path: Path) -> None:
+    job = _job(tiny_model_dir, tmp_path / "d", train=TrainConfig(max_steps=1))
+    run_train_drafter(job)  # makes the data (and one step)
+    target = load_target(tiny_model_dir, load_model_config(tiny_model_dir))
+    vocab = torch.arange(256)
+    drafter = build_drafter(target, job, vocab)
+    config = TrainConfig(max_steps=30, lr=3e-3, warmup_steps=2)
+    trainer = DrafterTrainer(drafter, config, loss_vocab=vocab)
+    batch = collate(read_shard(job.out_dir / "data" / "features-00000.safetensors"), [0, 1, 2])
+    with torch.no_grad():
+        before = float(trainer.loss(batch)[0])
+    for _ in range(30):
+        trainer.train_step(batch)
+    with torch.no_grad():
+        after = float(trainer.loss(batch)[0])
+    assert after < 0.7 * before
+
+
+def _greedy(model_dir: Path, drafter: Path | None) -> list[tuple[int, ...]]:
+    engine = Engine(EngineConfig(model=str(model_dir), drafter=str(drafter) if drafter else None,
+                                 block_size=BLOCK, max_model_len=128))
+    ids = [tuple(engine.tokenizer(p)["input_ids"]) for p in PROMPTS[:4]]
+    done = engine.generate(GenerationRequest(str(i), t, SamplingParams(max_tokens=20))
+                           for i, t in enumerate(ids))
+    return [c.token_ids for c in sorted(done, key=lambda c: int(c.request_id))]
+
+
+def test_trained_drafter_is_lossless_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "drafter"
+    run_train_drafter(_job(tiny_model_dir, out, train=TrainConfig(max_steps=4, batch_tokens=128),
+                           eval_prompts=PROMPTS[:2], eval_max_tokens=8))
+    assert len(read_answers(out / "data" / "answers.jsonl")) == len(PROMPTS)
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4
+    assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in out.iterdir()}
+    assert _greedy(tiny_model_dir, out) == _greedy(tiny_model_dir, None)
+    with pytest.raises(FileExistsError):
+        run_train_drafter(_job(tiny_model_dir, out))
+    data_mtime = (out / "data" / "features-00000.safetensors").stat().st_mtime
+    run_train_drafter(_job(tiny_model_dir, out, resume=True,
+                           train=TrainConfig(max_steps=7, batch_tokens=128)))
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 7
+    assert (out / "data" / "features-00000.safetensors").stat().st_mtime == data_mtime
