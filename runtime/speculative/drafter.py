@@ -1,7 +1,8 @@
 """EAGLE drafter models: N >= 1 Llama decoder layers on top of the target's features.
 
 EAGLE-1: x = fc(concat(embed(next token), feature)) with feature = the target's final hidden state
-(2H -> H); N decoder layers (layer 0 without its input norm); the target's LM head gives logits.
+(2H -> H); N decoder layers (layer 0 without its input norm); the target's LM head gives logits
+(or, when the checkpoint has norm + lm_head [+ d2t], its own head as in EAGLE-3).
 EAGLE-3: feature = concat of the residual streams entering three target layers, fc maps 3H -> H;
 layer 0 attends over concat(input_norm(embed), hidden_norm(fc out)) (2H inputs to q/k/v) with the
 fc output as residual; later layers are ordinary; its own norm and LM head over a draft vocabulary,
@@ -26,7 +27,7 @@ from runtime.rope import RotaryEmbedding
 class EagleDrafter(nn.Module):
     def __init__(self, config: PretrainedConfig, style: str, target: CausalLM,
                  layer_names: list[str], backend_name: str, fc_bias: bool,
-                 windows: list[int | None]) -> None:
+                 windows: list[int | None], own_head: bool | None = None) -> None:
         super().__init__()
         if style not in ("eagle1", "eagle3"):
             raise ValueError(f"drafter style must be eagle1 or eagle3, got {style!r}")
@@ -46,6 +47,10 @@ class EagleDrafter(nn.Module):
         if style == "eagle3":
             self.embed_norm = RMSNorm(h, config.rms_norm_eps)
             self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        # EAGLE-3 always has its own norm + LM head over a draft vocabulary; an EAGLE-1 drafter
+        # may have one too (a smaller head makes each draft step cheaper).
+        self.own_head = style == "eagle3" if own_head is None else own_head
+        if self.own_head:
             self.norm = RMSNorm(h, config.rms_norm_eps)
             draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
             self.lm_head = nn.Linear(h, draft_vocab, bias=False)
@@ -81,7 +86,7 @@ class EagleDrafter(nn.Module):
 
     def compute_draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, H] -> [n] greedy draft token ids in the target's vocabulary."""
-        if self.style == "eagle1":
+        if not self.own_head:
             return self.target[0].compute_logits(hidden).argmax(-1)
         draft_ids = self.lm_head(self.norm(hidden)).argmax(-1)
         return draft_ids + self.d2t[draft_ids]

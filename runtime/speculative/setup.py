@@ -27,7 +27,10 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     names = [draft_layer_name(n_target, i) for i in range(ckpt.config.num_hidden_layers)]
     windows = draft_windows(ckpt.config, max_positions)
     drafter = EagleDrafter(ckpt.config, ckpt.style, target, names, p.backend,
-                           fc_bias="fc.bias" in ckpt.state_dict, windows=windows)
+                           fc_bias="fc.bias" in ckpt.state_dict, windows=windows,
+                           own_head="lm_head.weight" in ckpt.state_dict)
+    if drafter.own_head and "norm.weight" not in ckpt.state_dict:
+        drafter.norm = torch.nn.Identity()  # a head applied straight to the output (vLLM layout)
     load_drafter_weights(drafter, ckpt.state_dict, config.drafter)
     drafter.rope = RotaryEmbedding(ckpt.config, head_dim_of(ckpt.config), max_positions)
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()

@@ -109,3 +109,25 @@ def test_drafter_that_does_not_fit_names_the_field(tiny_model_dir: Path, tmp_pat
     with pytest.raises(DrafterMismatchError, match="hidden_size is 96 in the drafter but 64"):
         Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
                             drafter=str(drafter)))
+
+
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_eagle1_checkpoint_with_its_own_small_head_is_lossless(
+        tiny_model_dir: Path, prompts: list[list[int]], baseline: dict[str, Completion],
+        tmp_path: Path, with_norm: bool) -> None:
+    from safetensors.torch import load_file, save_file
+
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "own-head", num_layers=2)
+    tensors = {f"model.{k}": v for k, v in load_file(str(drafter / "model.safetensors")).items()}
+    g = torch.Generator().manual_seed(5)
+    vocab = torch.randperm(256, generator=g)[:40].sort().values
+    tensors["lm_head.weight"] = torch.randn(40, 64, generator=g)
+    tensors["d2t"] = vocab - torch.arange(40)
+    if with_norm:
+        tensors["norm.weight"] = torch.ones(64)
+    save_file(tensors, str(drafter / "model.safetensors"))
+    engine, out = run(tiny_model_dir, prompts, kv_cache_memory=1 << 20, drafter=str(drafter))
+    assert engine.proposer is not None and engine.proposer.drafter.own_head
+    assert {k: c.token_ids for k, c in out.items()} == {k: c.token_ids for k, c in baseline.items()}
+    # every draft token comes from the 40-token draft vocabulary
+    assert sum(c.num_drafted for c in out.values()) > 0
