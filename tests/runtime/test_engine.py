@@ -126,10 +126,13 @@ def test_chunked_prefill_gives_the_same_tokens(tiny_model_dir: Path, reference: 
     assert _tokens(_run(engine, requests)) == reference.expected(requests)
 
 
+@pytest.mark.parametrize("prefix_caching", [True, False])
 def test_small_kv_cache_preempts_and_still_gives_the_same_tokens(
-        tiny_model_dir: Path, large_cache_outputs: dict[str, tuple[int, ...]]) -> None:
+        tiny_model_dir: Path, large_cache_outputs: dict[str, tuple[int, ...]],
+        prefix_caching: bool) -> None:
     # 14 usable blocks = 56 slots: the longest request (40 + 16 tokens) just fits alone
-    engine = _engine(tiny_model_dir, kv_cache_memory=15 * TINY_BLOCK_BYTES)
+    engine = _engine(tiny_model_dir, kv_cache_memory=15 * TINY_BLOCK_BYTES,
+                     enable_prefix_caching=prefix_caching)
     assert engine.kv_cache_config.num_blocks == 15
     completions = _run(engine, _requests(PROMPTS))
     assert engine.scheduler.num_preemptions > 0
@@ -176,6 +179,10 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(tiny_model_dir: Path,
     engine = _engine(tiny_model_dir, max_num_batched_tokens=16)
     completions = _run(engine, batch)
     assert completions["target"].token_ids == alone
+    # preempted and recomputed, the request still draws the same tokens
+    small = _engine(tiny_model_dir, kv_cache_memory=15 * TINY_BLOCK_BYTES)
+    assert _run(small, batch)["target"].token_ids == alone
+    assert small.scheduler.num_preemptions > 0
     assert len(alone) == NUM_NEW
     # greedy neighbours are unaffected by the samplers next to them
     greedy = [r for r in batch if r.request_id.startswith("greedy")]
@@ -250,9 +257,14 @@ def test_bad_requests_error_and_the_others_finish(tiny_model_dir: Path,
     engine = _engine(tiny_model_dir, max_model_len=32)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     good = _requests([PROMPTS[4], PROMPTS[7]], params, prefix="good")
+    near_limit = GenerationRequest("near-limit", PROMPTS[11][:29], params)
     requests = [good[0], GenerationRequest("empty", (), params),
-                GenerationRequest("too-long", PROMPTS[12], params), good[1]]
+                GenerationRequest("too-long", PROMPTS[12], params), good[1], near_limit]
     completions = _run(engine, requests)
+    # 29 prompt tokens + 3 fill the 32-token context before max_tokens
+    assert completions["near-limit"].finish_reason == "length"
+    assert completions["near-limit"].token_ids == reference.greedy(near_limit.prompt_token_ids,
+                                                                   8)[:3]
 
     empty, too_long = completions["empty"], completions["too-long"]
     assert empty.finish_reason == "error" and empty.token_ids == ()
