@@ -126,3 +126,9 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
         overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
         top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]), engine=engine)
+
+
+from jobs.bench import bench, report  # noqa: E402  (registered once main exists)
+
+main.add_command(bench)
+main.add_command(report)

@@ -1,0 +1,104 @@
+"""`eaglebatch bench` and `eaglebatch report`. Options map 1:1 onto BenchConfig / ReportConfig."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from pipeline.bench.config import BASELINES, BenchConfig, ReportConfig, parse_int_list
+from pipeline.config import JobError
+from runtime.config import DEFAULT_MODEL, parse_memory_size
+
+_EXIT_USER_ERROR = 2
+
+
+def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        return parse_int_list(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _memory_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_memory_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command()
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Built-in model name, checkpoint directory, .gguf file, or random:<preset> "
+                   "(random weights in a real architecture's shape: llama-3-8b, llama-3.2-1b, "
+                   "smollm2-135m, qwen2-0.5b) for pure throughput measurements.")
+@click.option("--drafter", default="auto", show_default=True,
+              help="EAGLE drafter checkpoint directory for the k > 0 variants; 'auto': the one "
+                   "shipped for the model (random weights for random:<preset>); 'random': a "
+                   "random one-layer drafter (measures drafting cost only); 'none'.")
+@click.option("--prompts", required=True, help="Parquet file of prompts.")
+@click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--num-prompts", default=None, type=click.IntRange(1),
+              help="Use the first N prompts (default: all).")
+@click.option("--no-chat-template", "no_chat_template", is_flag=True,
+              help="Tokenize prompts as raw text, not as a chat user message.")
+@click.option("--out", required=True, help="REPORT_DIR: bench.parquet, report.md and PNG plots.")
+@click.option("--batch-sizes", default="1,4,16,64", show_default=True, callback=_ints,
+              help="Comma-separated batch sizes: the engine's --max-num-seqs and the static "
+                   "batch size of the transformers baseline.")
+@click.option("--k", "ks", default="0,1,2,3,5", show_default=True, callback=_ints,
+              help="Comma-separated draft tokens per step; 0 is the engine without drafter.")
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--baseline", default="transformers", show_default=True,
+              type=click.Choice(BASELINES), help="transformers `generate` on static batches.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
+              help="Timed runs of every variant; the report shows medians and the spread.")
+@click.option("--ignore-eos", is_flag=True,
+              help="Generate exactly --max-tokens per request (equal work for every variant).")
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--kv-cache-memory", default=None, callback=_memory_size,
+              help="KV cache per engine, e.g. 2GiB (default: enough for the whole batch).")
+@click.option("--max-num-batched-tokens", default=2048, show_default=True,
+              type=click.IntRange(1), help="Token budget of one engine step.")
+def bench(**options: Any) -> None:
+    """Measure the engine with and without speculative decoding against transformers `generate`,
+    side by side and interleaved, and write bench.parquet, report.md and PNG plots to --out."""
+    from pipeline.bench.commands import bench as run  # imported here: `--help` needs no torch
+
+    o = options
+    try:
+        path = run(BenchConfig(
+            prompts=o["prompts"], out=o["out"], model=o["model"], drafter=o["drafter"],
+            prompt_column=o["prompt_column"], num_prompts=o["num_prompts"],
+            chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
+            max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],
+            ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
+            kv_cache_memory=o["kv_cache_memory"],
+            max_num_batched_tokens=o["max_num_batched_tokens"]))
+    except JobError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(_EXIT_USER_ERROR)
+    click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.argument("directory", metavar="OUTPUT_DIR")
+@click.option("--out", default=None,
+              help="Where report.md and the PNG plots go (default: OUTPUT_DIR).")
+def report(directory: str, out: str | None) -> None:
+    """Write report.md and PNG plots for a job's OUTPUT_DIR (from stats.parquet and
+    manifest.json; finished or not), or redraw a bench's report from its bench.parquet."""
+    from pipeline.bench.commands import report as run  # noqa: PLC0415
+
+    try:
+        path = run(ReportConfig(directory, out))
+    except JobError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(_EXIT_USER_ERROR)
+    click.echo(f"wrote {path}")

@@ -1,0 +1,1 @@
+"""Throughput benchmarks (`eaglebatch bench`) and readable reports (`eaglebatch report`)."""

@@ -1,0 +1,88 @@
+"""The frozen configuration of one `eaglebatch bench` and one `eaglebatch report`.
+
+Every option of the two commands lands in exactly one field here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config import JobError
+from runtime.config import DEFAULT_MODEL
+
+BASELINES = ("transformers", "none")
+RANDOM_PREFIX = "random:"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark: every engine variant (k = 0 means no drafter) and the baseline at every
+    batch size, on the same prompts, greedy.
+
+    drafter: "auto" (the shipped drafter of the model, a random one for random:<preset>),
+    "none", "random" (random weights, measures drafting cost only) or a checkpoint directory.
+    kv_cache_memory: bytes per engine; None sizes each engine's cache to hold its whole batch.
+    ignore_eos: every request generates exactly max_tokens (always on for random models).
+    """
+
+    prompts: str
+    out: str
+    model: str = DEFAULT_MODEL
+    drafter: str = "auto"
+    prompt_column: str = "prompt"
+    num_prompts: int | None = None
+    chat_template: bool = True
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
+    ks: tuple[int, ...] = (0, 1, 2, 3, 5)
+    max_tokens: int = 128
+    baseline: str = "transformers"
+    repeats: int = 3
+    ignore_eos: bool = False
+    dtype: str = "auto"
+    device: str = "auto"
+    kv_cache_memory: int | None = None
+    max_num_batched_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise JobError(f"--batch-sizes must be integers >= 1, got {self.batch_sizes}")
+        if not self.ks or min(self.ks) < 0:
+            raise JobError(f"--k must be integers >= 0 (0 = no drafter), got {self.ks}")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes) or len(set(self.ks)) != len(self.ks):
+            raise JobError("--batch-sizes and --k must not repeat a value")
+        if self.baseline not in BASELINES:
+            raise JobError(f"--baseline must be one of {', '.join(BASELINES)}")
+        if self.repeats < 1 or self.max_tokens < 1:
+            raise JobError("--repeats and --max-tokens must be >= 1")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise JobError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+
+    @property
+    def random_preset(self) -> str | None:
+        """'llama-3-8b' for --model random:llama-3-8b, else None."""
+        return self.model[len(RANDOM_PREFIX):] if self.model.startswith(RANDOM_PREFIX) else None
+
+    @property
+    def speculative_ks(self) -> tuple[int, ...]:
+        return tuple(k for k in self.ks if k > 0)
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """`eaglebatch report DIR`: DIR holds a job's stats.parquet + manifest.json, or a bench's
+    bench.parquet; report.md and the PNGs go to `out` (default: DIR itself)."""
+
+    directory: str
+    out: str | None = None
+
+    @property
+    def out_dir(self) -> str:
+        return self.out if self.out is not None else self.directory
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """'1,4, 16' -> (1, 4, 16)."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None

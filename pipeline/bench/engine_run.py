@@ -1,0 +1,171 @@
+"""Timed runs of our engine: one Engine per (batch size, k), built once and reused for repeats.
+
+The step hook reads the scheduler's running requests (read only) to time each request's first
+token and, for the bandwidth floor, the context the next decode step will read.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from pipeline.bench.metrics import ENGINE, RunRecord
+from pipeline.bench.workload import Workload
+from pipeline.config import JobError
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.model import head_dim_of
+from runtime.request import Completion, GenerationRequest
+from runtime.setup import place
+
+_KV_SLACK = 1.25
+
+
+def engine_config(model_dir: Path, drafter: Path | None, k: int, batch_size: int,
+                  workload: Workload, base: EngineConfig) -> EngineConfig:
+    """base carries dtype, device, kv_cache_memory (None: sized here) and the token budget.
+    Prefix caching is off so that repeats of the same prompts do not hit the cache."""
+    config = EngineConfig(
+        model=str(model_dir), drafter=str(drafter) if k and drafter else None,
+        num_speculative_tokens=max(k, 1), max_num_seqs=batch_size, dtype=base.dtype,
+        device=base.device, kv_cache_memory=base.kv_cache_memory,
+        max_num_batched_tokens=base.max_num_batched_tokens, enable_prefix_caching=False)
+    if config.kv_cache_memory is None:
+        config = replace(config, kv_cache_memory=_kv_bytes_for_batch(config, workload, k))
+    return config
+
+
+def _kv_bytes_for_batch(config: EngineConfig, workload: Workload, k: int) -> int:
+    """Enough KV cache for batch_size of the longest requests (plus draft lookahead), so the
+    batch size, not the cache, limits concurrency. Several engines live at once in a bench,
+    which is why the engine's own default (1 GiB, or most of the GPU) is not used."""
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    p = place(config)
+    target = AutoConfig.from_pretrained(config.model)
+    layers = target.num_hidden_layers
+    if config.drafter is not None:
+        layers += json.loads((Path(config.drafter) / "config.json").read_text()).get(
+            "num_hidden_layers", 1)
+    longest = max(len(ids) + n for ids, n in zip(workload.prompts, workload.max_tokens,
+                                                            strict=True))
+    blocks_per_seq = -(-(longest + 2 * k + 2) // p.block_size) + 1
+    block_bytes = 2 * p.block_size * target.num_key_value_heads * head_dim_of(target) * \
+        p.dtype.itemsize * layers
+    blocks = int(config.max_num_seqs * blocks_per_seq * _KV_SLACK) + 2  # block 0 is reserved
+    return blocks * block_bytes
+
+
+class EngineVariant:
+    def __init__(self, config: EngineConfig, k: int, bandwidth: float | None) -> None:
+        self.config = config
+        self.k = k
+        self.engine = Engine(config)
+        self.bandwidth = bandwidth  # device copy bytes/s, measured on CUDA only
+        self.weight_bytes = sum(t.numel() * t.element_size()
+                                for t in self.engine.model.state_dict().values())
+        hf = self.engine.hf_config
+        self.kv_bytes_per_token = (2 * hf.num_hidden_layers * hf.num_key_value_heads *
+                                   head_dim_of(hf) * self.engine.placement.dtype.itemsize)
+
+    @property
+    def tokenizer(self) -> object:
+        return self.engine.tokenizer
+
+    def warm_up(self, workload: Workload) -> None:
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        self._check(list(self.engine.generate([GenerationRequest("warm-up", workload.prompts[0],
+                                                                 params)])))
+
+    def run(self, workload: Workload) -> RunRecord:
+        cuda = self.engine.placement.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        requests = workload.requests()
+        pulled = [0]
+        steps = _StepLog()
+        record = RunRecord(ENGINE, self.k, self.config.max_num_seqs)
+
+        def feed() -> Iterator[GenerationRequest]:
+            for request in requests:
+                pulled[0] += 1
+                yield request
+
+        def on_step(generated: int) -> None:
+            now = time.perf_counter()
+            record.rss.sample()
+            scheduler = self.engine.scheduler
+            for seq in scheduler.running:
+                if seq.num_output_tokens:
+                    record.first_token(seq.request_id, now)
+            decoding = (pulled[0] == len(requests) and not scheduler.waiting and all(
+                s.num_computed_tokens >= s.num_prompt_tokens for s in scheduler.running))
+            steps.step(now, decoding, sum(len(s.token_ids) for s in scheduler.running))
+
+        for completion in self.engine.generate(feed(), on_step=on_step):
+            self._check([completion])
+            record.finish(completion.request_id, completion.token_ids, time.perf_counter())
+            record.spec.drafted += completion.num_drafted
+            record.spec.accepted += completion.num_accepted
+            record.spec.draft_steps += completion.num_draft_steps
+            record.spec.add_positions(completion.accepted_per_position)
+        record.end = time.perf_counter()
+        if cuda:
+            record.peak_gpu_bytes = torch.cuda.max_memory_allocated()
+        record.decode_step_s = steps.median_seconds()
+        if self.bandwidth is not None and steps.contexts:
+            floor_bytes = self.weight_bytes + self.kv_bytes_per_token * statistics.median(
+                steps.contexts)
+            record.bandwidth_floor_s = floor_bytes / self.bandwidth
+        return record
+
+    @staticmethod
+    def _check(completions: Sequence[Completion]) -> None:
+        for c in completions:
+            if c.finish_reason == "error":
+                raise JobError(f"the engine refused a benchmark request: {c.error}")
+
+
+class _StepLog:
+    """Durations of decode-only steps (every request admitted and past its prompt at the start
+    of the step) and the context tokens each of them read."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.next_is_decode = False
+        self.next_context = 0
+        self.durations: list[float] = []
+        self.contexts: list[int] = []
+
+    def step(self, now: float, decoding: bool, context: int) -> None:
+        if self.last is not None and self.next_is_decode:
+            self.durations.append(now - self.last)
+            self.contexts.append(self.next_context)
+        self.last, self.next_is_decode, self.next_context = now, decoding, context
+
+    def median_seconds(self) -> float | None:
+        return statistics.median(self.durations) if self.durations else None
+
+
+def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 10) -> float:
+    """Bytes per second moved by a device-to-device copy (each byte is read once and written
+    once, so 2 * nbytes move per copy)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000
+    del src, dst
+    return 2 * nbytes * iters / seconds

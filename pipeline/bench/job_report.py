@@ -1,0 +1,148 @@
+"""`eaglebatch report OUTPUT_DIR` for a job: report.md and plots from stats.parquet and
+manifest.json, for a finished or a half-finished job.
+
+A shard's commit time is its part file's modification time (the rename that committed it), so
+"over time" needs the part files; without them the plot falls back to shard order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from pipeline.bench import markdown as md
+from pipeline.bench.plots import plot_acceptance, plot_bars, plot_over_time
+from pipeline.config import JobError
+from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE, Manifest, load_manifest
+from pipeline.sources import part_name
+from pipeline.stats import STATS_FILE, Counts, total
+
+REPORT_FILE = "report.md"
+PLOTS = {"throughput": "shard_tokens_per_s.png", "acceptance": "acceptance_by_position.png",
+         "errors": "errors_by_shard.png"}
+_MAX_TABLE_SHARDS = 100
+
+
+def write_job_report(directory: str, out_dir: str) -> Path:
+    manifest = load_manifest(directory)
+    stats_path = Path(directory) / STATS_FILE
+    if manifest is None and not stats_path.is_file():
+        raise JobError(f"{directory} has no {MANIFEST_FILE}, {STATS_FILE} or bench.parquet: "
+                       "not the output of an eaglebatch job or bench")
+    shards = _shards(manifest, stats_path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    committed = {sid: _committed_at(directory, sid) for sid in shards}
+    totals = total(shards.values())
+    drawn = {
+        "throughput": _throughput_plot(shards, committed, out / PLOTS["throughput"]),
+        "acceptance": plot_acceptance({"all shards": totals}, out / PLOTS["acceptance"]),
+        "errors": plot_bars([str(s) for s in shards], [shards[s].errors for s in shards],
+                            out / PLOTS["errors"], "Rows with finish_reason 'error' per shard",
+                            "shard", "error rows"),
+    }
+    done = os.path.exists(os.path.join(directory, SUCCESS_FILE))
+    sections = [_header(directory, manifest, len(shards), done), _totals(totals),
+                _shard_table(shards, committed), _plot_links(drawn)]
+    path = out / REPORT_FILE
+    path.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
+    return path
+
+
+def _shards(manifest: Manifest | None, stats_path: Path) -> dict[int, Counts]:
+    """Counts per committed shard: the manifest's when there is one (it has draft steps and
+    per-position counts), else rebuilt from stats.parquet."""
+    if manifest is not None:
+        return dict(sorted(manifest.shards.items()))
+    shards = {}
+    for row in pq.read_table(stats_path).to_pylist():
+        shards[row["shard_id"]] = Counts(
+            rows=row["rows"], errors=row["errors"], prompt_tokens=row["prompt_tokens"],
+            completion_tokens=row["completion_tokens"], wall_seconds=row["wall_seconds"],
+            drafted=row["drafted"], accepted=row["accepted"])
+    return dict(sorted(shards.items()))
+
+
+def _committed_at(directory: str, shard_id: int) -> float | None:
+    try:
+        return os.path.getmtime(os.path.join(directory, part_name(shard_id)))
+    except OSError:
+        return None
+
+
+def _throughput_plot(shards: dict[int, Counts], committed: dict[int, float | None],
+                     path: Path) -> Any:
+    rates = {s: c.derived()["output_tokens_per_s"] for s, c in shards.items()}
+    times = [t for t in committed.values() if t is not None]
+    if times and len(times) == len(shards):
+        start = min(t - shards[s].wall_seconds for s, t in committed.items() if t is not None)
+        points = sorted(((t - start) / 60, rates[s] or 0.0) for s, t in committed.items()
+                        if t is not None)
+        xlabel = "minutes since the first shard started (at each shard's commit)"
+    else:
+        points = [(float(s), rates[s] or 0.0) for s in shards]
+        xlabel = "shard"
+    return plot_over_time(points, path, "Output tokens/s per shard", xlabel, "output tokens/s")
+
+
+def _header(directory: str, manifest: Manifest | None, committed: int, done: bool) -> str:
+    lines = ["# eaglebatch job report", "", f"- directory: `{directory}`"]
+    if manifest is None:
+        return "\n".join(lines + ["- no manifest.json: figures come from stats.parquet only"])
+    config = manifest.config
+    sampling = config.get("sampling", {})
+    state = "complete (_SUCCESS written)" if done else "not complete"
+    lines += [
+        f"- {committed} of {manifest.num_shards} shards committed; {state}",
+        f"- model `{config.get('model')}`; drafter "
+        f"{'`' + str(config['drafter']) + '`' if config.get('drafter') else 'none'}"
+        + (f", k = {config.get('num_speculative_tokens')}" if config.get("drafter") else ""),
+        f"- max_tokens {sampling.get('max_tokens')}, temperature {sampling.get('temperature')}, "
+        f"n {config.get('n')}, {config.get('shard_rows')} rows per shard, "
+        f"{len(manifest.inputs)} input file(s)",
+    ]
+    return "\n".join(lines)
+
+
+def _totals(c: Counts) -> str:
+    d = c.derived()
+    rows = [["rows", f"{c.rows:,}"], ["error rows", f"{c.errors:,}"],
+            ["prompt tokens", f"{c.prompt_tokens:,}"],
+            ["generated tokens", f"{c.completion_tokens:,}"],
+            ["generation seconds (sum over shards)", md.num(c.wall_seconds)],
+            ["output tokens/s", md.num(d["output_tokens_per_s"])]]
+    if c.drafted:
+        positions = " ".join(f"{v:.2f}" for v in d["per_position_acceptance"])
+        rows += [["acceptance rate", md.pct(d["acceptance_rate"])],
+                 ["mean acceptance length", md.num(d["mean_acceptance_length"], 2)],
+                 ["acceptance by position", positions or "–"]]
+    return "## Totals\n\n" + md.table(["", "value"], rows)
+
+
+def _shard_table(shards: dict[int, Counts], committed: dict[int, float | None]) -> str:
+    shown = list(shards)[:_MAX_TABLE_SHARDS]
+    more = len(shards) - len(shown)
+    rows = [[str(s), f"{shards[s].rows:,}", f"{shards[s].errors:,}",
+             f"{shards[s].completion_tokens:,}", md.num(shards[s].wall_seconds),
+             md.num(shards[s].derived()["output_tokens_per_s"]),
+             md.pct(shards[s].derived()["acceptance_rate"]), _clock(committed[s])]
+            for s in shown]
+    note = f"\n\n({more} more shards not listed)" if more > 0 else ""
+    return "## Shards\n\n" + md.table(["shard", "rows", "errors", "tokens", "seconds",
+                                       "tokens/s", "acceptance", "committed"], rows) + note
+
+
+def _clock(t: float | None) -> str:
+    return "–" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _plot_links(drawn: dict[str, Any]) -> str:
+    lines = ["## Plots", ""]
+    for name, series in drawn.items():
+        lines.append(f"![{name}]({PLOTS[name]})" if series is not None
+                     else f"- {name}: not drawn (no data, e.g. no drafter or no shard)")
+    return "\n".join(lines)

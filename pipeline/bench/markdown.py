@@ -1,0 +1,39 @@
+"""Small Markdown helpers for report.md: tables and number formats."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub Markdown table; numeric-looking columns are right-aligned."""
+    aligns = ["---:" if rows and all(_numeric(r[i]) for r in rows) else "---"
+              for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(aligns) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _numeric(cell: str) -> bool:
+    stripped = cell.rstrip("x%").replace(",", "").replace("±", "").replace(" ", "")
+    return cell == "–" or stripped.replace(".", "", 1).lstrip("-").isdigit()
+
+
+def num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{1000 * seconds:,.0f}"
+
+
+def mib(nbytes: float | None) -> str:
+    return "–" if nbytes is None else f"{nbytes / (1 << 20):,.0f}"

@@ -1,0 +1,140 @@
+"""Random-weight checkpoints shaped like real models, for throughput measurements.
+
+`random:<preset>` builds a Hugging Face checkpoint with the preset's architecture (layers, widths,
+heads, vocabulary) and random weights, next to a byte-level tokenizer (one token per byte of UTF-8,
+so it needs no download). Its outputs, and so any acceptance figure, are meaningless; its speed is
+that of the real model. Rope scaling is left out and the context is capped at 8192 (shape only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=False),
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
+    "qwen2-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
+                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                       vocab_size=151936, rope_theta=1000000.0, tie_word_embeddings=True),
+}
+MAX_POSITIONS = 8192
+_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3; bytes follow
+_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                  "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+_SHARD_BYTES = 2 << 30
+_INIT_STD = 0.02
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def make_random_checkpoint(preset: str, out_dir: Path, dtype: torch.dtype, *,
+                           shape: dict[str, Any] | None = None, seed: int = 0) -> Path:
+    """Write config.json, random safetensors shards (in `dtype`) and the byte-level tokenizer.
+
+    shape overrides preset fields (tests shrink a preset with it).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(preset_names())}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fields = {**PRESETS[preset], **(shape or {})}
+    config = AutoConfig.for_model(max_position_embeddings=MAX_POSITIONS, bos_token_id=1,
+                                  eos_token_id=2, pad_token_id=3, **fields)
+    config.save_pretrained(out_dir)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tied = bool(fields.get("tie_word_embeddings"))
+    shapes = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()
+              if not (tied and name == "lm_head.weight")}
+    _write_random_shards(shapes, out_dir, dtype, seed)
+    make_byte_tokenizer(out_dir)
+    return out_dir
+
+
+def make_random_drafter(target_dir: Path, out_dir: Path, dtype: torch.dtype,
+                        seed: int = 1) -> Path:
+    """A one-layer EAGLE-1 drafter with random weights in the public checkpoint layout:
+    fc.weight [H, 2H], fc.bias [H], layers.0.* (a decoder layer without input_layernorm)."""
+    config = AutoConfig.from_pretrained(target_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    one_layer = config.to_dict() | {"num_hidden_layers": 1, "model_type": "llama",
+                                    "tie_word_embeddings": False,
+                                    "architectures": ["EagleLlama"]}
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.for_model(**one_layer))
+    hidden = config.hidden_size
+    shapes = {name.removeprefix("model."): tuple(p.shape)
+              for name, p in skeleton.state_dict().items()
+              if name.startswith("model.layers.0.") and "input_layernorm" not in name}
+    shapes |= {"fc.weight": (hidden, 2 * hidden), "fc.bias": (hidden,)}
+    _write_random_shards(shapes, out_dir, dtype, seed, filename="model.safetensors")
+    (out_dir / "config.json").write_text(json.dumps(one_layer, indent=2) + "\n")
+    return out_dir
+
+
+def _write_random_shards(shapes: dict[str, tuple[int, ...]], out_dir: Path, dtype: torch.dtype,
+                         seed: int, filename: str | None = None) -> None:
+    """Norm weights 1, biases 0, everything else N(0, 0.02); shards of at most 2 GiB with a
+    model.safetensors.index.json, or one file named `filename`."""
+    generator = torch.Generator().manual_seed(seed)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, shape in shapes.items():
+        tensor = _random_tensor(name, shape, dtype, generator)
+        nbytes = tensor.numel() * tensor.element_size()
+        if filename is None and size and size + nbytes > _SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if filename is not None:
+        save_file(shards[0], str(out_dir / filename))
+        return
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out_dir / name))
+        weight_map |= {key: name for key in shard}
+        shard.clear()  # free each shard once written (an 8B model is 16-32 GB)
+    index = {"metadata": {}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                   generator: torch.Generator) -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=dtype)
+    if name.endswith(".bias"):
+        return torch.zeros(shape, dtype=dtype)
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, _INIT_STD,
+                                                           generator=generator).to(dtype)
+
+
+def make_byte_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer without merges: ids 0..3 are <unk> <s> </s> <pad>, then the 256
+    bytes. It fits any vocabulary of at least 260 tokens."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate((*_SPECIALS, *alphabet))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                        bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    tokenizer.save_pretrained(out_dir)
+    return tokenizer

@@ -1,0 +1,200 @@
+"""REPORT_DIR/report.md and its PNG plots, from REPORT_DIR/bench.parquet alone (so a report can
+be redrawn later with `eaglebatch report REPORT_DIR`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench import markdown as md
+from pipeline.bench.aggregate import (
+    Key,
+    Summary,
+    acceptance_by_k,
+    batch_sizes,
+    best_k,
+    engine_ks,
+    ratio,
+    speedup_vs_k0,
+    summarize,
+)
+from pipeline.bench.metrics import BENCH_FILE, ENGINE, TRANSFORMERS, variant_label
+from pipeline.bench.plots import plot_acceptance, plot_speedup, plot_throughput
+
+REPORT_FILE = "report.md"
+PLOTS = {"throughput": "tokens_per_s_by_batch.png", "speedup": "speedup_by_k.png",
+         "acceptance": "acceptance_by_position.png"}
+
+
+def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
+    """Reads bench_dir/bench.parquet; writes report.md and the PNGs to out_dir (or bench_dir)."""
+    from pipeline.bench.runner import read_bench_parquet  # noqa: PLC0415  (runner imports us)
+
+    out = Path(out_dir or bench_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, meta = read_bench_parquet(Path(bench_dir) / BENCH_FILE)
+    summaries = summarize(rows)
+    drawn = {
+        "throughput": plot_throughput(summaries, out / PLOTS["throughput"]),
+        "speedup": plot_speedup(summaries, out / PLOTS["speedup"]),
+        "acceptance": plot_acceptance({f"k={k}": c for k, c in acceptance_by_k(rows).items()},
+                                      out / PLOTS["acceptance"]),
+    }
+    sections = [_header(meta), _equality(rows), _throughput(summaries), _ratios(summaries),
+                _acceptance(rows, meta), _bandwidth(summaries, meta), _plots(drawn),
+                _DEFINITIONS]
+    path = out / REPORT_FILE
+    path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
+    return path
+
+
+def _header(meta: dict[str, Any]) -> str:
+    config = meta.get("config", {})
+    lengths = meta.get("prompt_tokens", {})
+    eos = "EOS ignored (every request runs max tokens)" if meta.get("ignore_eos") else \
+        "EOS ends a request"
+    lines = [
+        "# eaglebatch bench",
+        "",
+        f"- model: `{meta.get('model')}`; drafter: {meta.get('drafter')}",
+        f"- device: {meta.get('device')}, {meta.get('dtype')}, {meta.get('threads')} torch "
+        f"threads, torch {meta.get('torch')}; started {meta.get('started')}",
+        f"- {meta.get('prompts')} prompts ({lengths.get('min')}..{lengths.get('max')} tokens, "
+        f"median {lengths.get('median')}; {meta.get('skipped_prompts', 0)} left out), at most "
+        f"{config.get('max_tokens')} new tokens, greedy, {eos}",
+        f"- batch sizes {config.get('batch_sizes')}, k {config.get('ks')} (k = 0: no drafter), "
+        f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size",
+    ]
+    if meta.get("random_weights"):
+        lines += ["", "> **Random weights.** The model (and any drafter) has random weights in "
+                  "the shape of the real architecture: throughput is the architecture's, but "
+                  "outputs are noise and the acceptance figures are meaningless."]
+    return "\n".join(lines)
+
+
+def _equality(rows: list[dict[str, Any]]) -> str:
+    engine_rows = [r for r in rows if r["variant"] == ENGINE]
+    if not engine_rows:
+        return ""
+    bad = [r for r in engine_rows if r["outputs_equal"] != r["outputs_compared"]]
+    first = engine_rows[0]
+    reference = f"engine k={first['k']} at batch {first['batch_size']} (first run)"
+    if not bad:
+        verdict = (f"**PASS**: all {len(engine_rows)} engine runs produced exactly the same "
+                   f"tokens as {reference} for all {first['outputs_compared']} requests.")
+    else:
+        verdict = (f"**FAIL**: {len(bad)} of {len(engine_rows)} engine runs differ from "
+                   f"{reference}:\n\n" + md.table(
+                       ["batch", "variant", "repeat", "equal requests", "first divergence"],
+                       [[str(r["batch_size"]), variant_label(r["variant"], r["k"]),
+                         str(r["repeat"]), f"{r['outputs_equal']}/{r['outputs_compared']}",
+                         f"token {r['first_divergence']}"] for r in bad]))
+    lines = ["## Output equality (greedy: every engine variant must give the same tokens)", "",
+             verdict]
+    hf = [r for r in rows if r["variant"] == TRANSFORMERS]
+    if hf:
+        equal = min(r["outputs_equal"] for r in hf)
+        lines += ["", f"transformers (not part of the check; padded batches change its "
+                  f"arithmetic): {equal}/{hf[0]['outputs_compared']} requests identical in "
+                  "its worst run."]
+    return "\n".join(lines)
+
+
+def _throughput(summaries: dict[Key, Summary]) -> str:
+    headers = ["batch", "variant", "tokens/s", "spread", "requests/s", "latency mean s",
+               "p50 s", "p99 s", "TTFT p50 s", "TTFT p99 s", "acceptance", "accept len",
+               "peak RSS MiB"]
+    rows = [[str(s.batch_size), variant_label(s.variant, s.k), md.num(s.tokens_per_s),
+             "–" if s.spread is None else f"±{50 * s.spread:.1f}%",
+             md.num(s.median("requests_per_s"), 2), md.num(s.median("latency_mean_s"), 2),
+             md.num(s.median("latency_p50_s"), 2), md.num(s.median("latency_p99_s"), 2),
+             md.num(s.median("ttft_p50_s"), 2), md.num(s.median("ttft_p99_s"), 2),
+             md.pct(s.acceptance.derived()["acceptance_rate"]),
+             md.num(s.acceptance.derived()["mean_acceptance_length"], 2),
+             md.mib(s.median("peak_rss_bytes"))] for s in summaries.values()]
+    return "## Throughput and latency (medians of the repeats)\n\n" + md.table(headers, rows)
+
+
+def _ratios(summaries: dict[Key, Summary]) -> str:
+    sizes = batch_sizes(summaries)
+    ks = [k for k in engine_ks(summaries) if k > 0]
+    parts = ["## Ratios (output tokens/s, medians)"]
+    if any((b, TRANSFORMERS, 0) in summaries for b in sizes) and 0 in engine_ks(summaries):
+        parts.append("Engine without drafter over transformers `generate` (static batches):\n\n"
+                     + md.table(["batch", "engine k=0", "transformers", "ratio"], [
+                         [str(b), md.num(_tps(summaries, (b, ENGINE, 0))),
+                          md.num(_tps(summaries, (b, TRANSFORMERS, 0))),
+                          md.ratio(ratio(summaries, (b, ENGINE, 0), (b, TRANSFORMERS, 0)))]
+                         for b in sizes]))
+    if ks and 0 in engine_ks(summaries):
+        parts.append("With the drafter over without it (same batch size):\n\n" + md.table(
+            ["batch", *[f"k={k}" for k in ks]],
+            [[str(b), *[md.ratio(speedup_vs_k0(summaries, b, k)) for k in ks]] for b in sizes]))
+    best = [(b, s) for b in sizes if (s := best_k(summaries, b)) is not None]
+    if best:
+        parts.append("Best k per batch size:\n\n" + md.table(
+            ["batch", "best k", "tokens/s", "vs k=0", "vs transformers"],
+            [[str(b), str(s.k), md.num(s.tokens_per_s),
+              md.ratio(speedup_vs_k0(summaries, b, s.k)),
+              md.ratio(ratio(summaries, (b, ENGINE, s.k), (b, TRANSFORMERS, 0)))]
+             for b, s in best]))
+    return "\n\n".join(parts) if len(parts) > 1 else ""
+
+
+def _tps(summaries: dict[Key, Summary], key: Key) -> float | None:
+    s = summaries.get(key)
+    return s.tokens_per_s if s else None
+
+
+def _acceptance(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    by_k = acceptance_by_k(rows)
+    if not by_k:
+        return ""
+    longest = max(len(c.accepted_per_position) for c in by_k.values())
+    table = md.table(
+        ["k", "drafted", "acceptance rate", "mean acceptance length",
+         *[f"pos {j + 1}" for j in range(longest)]],
+        [[str(k), f"{c.drafted:,}", md.pct(d["acceptance_rate"]),
+          md.num(d["mean_acceptance_length"], 2),
+          *[md.pct(v) for v in d["per_position_acceptance"]],
+          *["" for _ in range(longest - len(d["per_position_acceptance"]))]]
+         for k, c in by_k.items() for d in [c.derived()]])
+    note = " (random weights: meaningless)" if meta.get("random_weights") else ""
+    return f"## Acceptance (all batch sizes and repeats){note}\n\n{table}"
+
+
+def _bandwidth(summaries: dict[Key, Summary], meta: dict[str, Any]) -> str:
+    bandwidth = meta.get("copy_bandwidth_bytes_per_s")
+    rows = [s for s in summaries.values() if s.median("bandwidth_floor_s")]
+    if not bandwidth or not rows:
+        return ""
+    return (f"## Decode step against the memory-bandwidth floor\n\nFloor = (target weight bytes "
+            f"+ KV bytes of the running context) / measured device copy bandwidth "
+            f"({bandwidth / 1e9:,.0f} GB/s); the drafter's reads are not in the floor.\n\n"
+            + md.table(["batch", "variant", "decode step ms", "floor ms", "step / floor"], [
+                [str(s.batch_size), variant_label(s.variant, s.k),
+                 md.num(1000 * (s.median("decode_step_s") or 0), 2),
+                 md.num(1000 * (s.median("bandwidth_floor_s") or 0), 2),
+                 md.ratio((s.median("decode_step_s") or 0) / (s.median("bandwidth_floor_s") or 1))]
+                for s in rows]))
+
+
+def _plots(drawn: dict[str, Any]) -> str:
+    lines = ["## Plots", ""]
+    for name, series in drawn.items():
+        if series is None:
+            lines.append(f"- {name}: not drawn (no data: e.g. no run with a drafter)")
+        else:
+            lines.append(f"![{name}]({PLOTS[name]})")
+    return "\n".join(lines)
+
+
+_DEFINITIONS = """## Definitions
+
+- tokens/s: generated tokens of all requests / wall time of the run (model loading and warm-up
+  excluded); spread: ±half of (max - min) / median over the repeats.
+- latency: a request's finish time - the run's start (all requests are submitted at the start);
+  TTFT: its first generated token's time - the run's start. transformers' requests finish with
+  their static batch.
+- acceptance: accepted / drafted; accept len: 1 + accepted / draft steps (tokens per
+  verification step); pos j: draft steps whose j-th draft token was accepted / draft steps."""

@@ -1,0 +1,155 @@
+"""`eaglebatch bench`: every variant at every batch size, interleaved, then bench.parquet,
+report.md and the plots.
+
+For each batch size the variants (transformers, engine k=0, engine k=1, ...) are built once,
+warmed up, then run in rounds, A B C A B C ..., so that drift of a shared machine (another job,
+clock changes) hits all of them alike. The engines of one batch size are freed before the next.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.atomic import write_bytes_atomically
+from pipeline.bench.config import BenchConfig
+from pipeline.bench.engine_run import EngineVariant, engine_config, measure_copy_bandwidth
+from pipeline.bench.hf_baseline import TransformersBaseline
+from pipeline.bench.metrics import (
+    BENCH_FILE,
+    BENCH_SCHEMA,
+    ENGINE,
+    Agreement,
+    RunRecord,
+    bench_row,
+    variant_label,
+)
+from pipeline.bench.models import BenchModels, resolve_models
+from pipeline.bench.report import write_bench_report
+from pipeline.bench.workload import Workload, build_workload, read_prompts
+from runtime.config import EngineConfig
+from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
+from runtime.setup import Placement, place
+
+METADATA_KEY = b"eaglebatch.bench"
+
+
+def run_bench(config: BenchConfig) -> Path:
+    """Run the benchmark of `config`; returns the path of report.md."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = EngineConfig(dtype=config.dtype, device=config.device,
+                        kv_cache_memory=config.kv_cache_memory,
+                        max_num_batched_tokens=config.max_num_batched_tokens)
+    p = place(base)
+    with tempfile.TemporaryDirectory(prefix=".bench-models-", dir=out) as scratch:
+        models = resolve_models(config, Path(scratch), p.dtype)
+        tokenizer = load_tokenizer(models.model_dir)
+        max_model_len = load_model_config(models.model_dir).max_position_embeddings
+        workload = build_workload(read_prompts(config.prompts, config.prompt_column,
+                                               config.num_prompts), config.prompt_column,
+                                  tokenizer, max_model_len, config.max_tokens,
+                                  config.chat_template, config.ignore_eos or models.random)
+        bandwidth = measure_copy_bandwidth(p.device) if p.device.type == "cuda" else None
+        meta = _metadata(config, models, workload, p, bandwidth)
+        _log(f"bench: {meta['model']} ({meta['dtype']}, {meta['device']}, "
+             f"{meta['threads']} threads), {len(workload.prompts)} prompts, "
+             f"max {config.max_tokens} tokens, batch sizes {list(config.batch_sizes)}, "
+             f"k {list(config.ks)}, {config.repeats} repeats")
+        baseline = None
+        if config.baseline == "transformers":
+            baseline = TransformersBaseline(models.model_dir, p.device, p.dtype,
+                                            eos_token_ids(models.model_dir, tokenizer),
+                                            tokenizer.pad_token_id)
+            baseline.warm_up(workload)
+        rows: list[dict[str, Any]] = []
+        reference: dict[str, tuple[int, ...]] | None = None
+        for batch_size in config.batch_sizes:
+            records = _bench_batch_size(config, models, workload, base, batch_size, baseline,
+                                        bandwidth)
+            if reference is None:
+                reference = next(r.outputs for _, r in records if r.variant == ENGINE)
+            for repeat, record in records:
+                rows.append(bench_row(record, len(rows), repeat,
+                                      Agreement(reference, record.outputs)))
+            write_bench_parquet(out / BENCH_FILE, rows, meta)
+    return write_bench_report(str(out))
+
+
+def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Workload,
+                      base: EngineConfig, batch_size: int,
+                      baseline: TransformersBaseline | None,
+                      bandwidth: float | None) -> list[tuple[int, RunRecord]]:
+    """(repeat, record) of every timed run, in the order they ran."""
+    engines = []
+    for k in config.ks:
+        variant = EngineVariant(engine_config(models.model_dir, models.drafter, k, batch_size,
+                                              workload, base), k, bandwidth)
+        variant.warm_up(workload)
+        engines.append(variant)
+    records: list[tuple[int, RunRecord]] = []
+    for repeat in range(config.repeats):
+        if baseline is not None:
+            records.append((repeat, _timed(baseline.run(workload, batch_size))))
+        for variant in engines:
+            records.append((repeat, _timed(variant.run(workload))))
+    del engines
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return records
+
+
+def _timed(record: RunRecord) -> RunRecord:
+    tokens = sum(len(t) for t in record.outputs.values())
+    seconds = record.end - record.t0
+    _log(f"  B={record.batch_size:<3} {variant_label(record.variant, record.k):<14} "
+         f"{tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
+    return record
+
+
+def write_bench_parquet(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    schema = BENCH_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), sink)
+    write_bytes_atomically(str(path), sink.getvalue().to_pybytes())
+
+
+def read_bench_parquet(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
+    return table.to_pylist(), meta
+
+
+def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: Placement,
+              bandwidth: float | None) -> dict[str, Any]:
+    lengths = workload.prompt_lengths
+    device = (torch.cuda.get_device_name(p.device) if p.device.type == "cuda"
+              else f"cpu ({platform.machine()}, {os.cpu_count()} cores)")
+    return {
+        "config": asdict(config), "model": config.model, "drafter": models.drafter_label,
+        "random_weights": models.random, "device": device, "dtype": str(p.dtype).split(".")[-1],
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(lengths),
+        "skipped_prompts": workload.skipped, "ignore_eos": workload.ignore_eos,
+        "prompt_tokens": {"min": min(lengths), "median": statistics.median(lengths),
+                          "max": max(lengths)},
+        "copy_bandwidth_bytes_per_s": bandwidth,
+    }
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,68 @@
+"""The benchmark's prompts: read from Parquet, tokenized the way `eaglebatch generate` does."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import JobError
+from pipeline.stages.tokenize import TokenizeOptions, tokenize_rows
+from runtime.config import SamplingParams
+from runtime.request import GenerationRequest
+
+
+class Workload(NamedTuple):
+    """The same requests for every variant: prompt ids and a per-request max_tokens (lowered
+    only where the prompt leaves less room in the context)."""
+
+    prompts: list[tuple[int, ...]]
+    max_tokens: list[int]
+    ignore_eos: bool
+    skipped: int  # prompts that could not be tokenized (empty, too long) and were left out
+
+    def requests(self) -> list[GenerationRequest]:
+        return [GenerationRequest(str(i), ids, SamplingParams(max_tokens=n,
+                                                              ignore_eos=self.ignore_eos))
+                for i, (ids, n) in enumerate(zip(self.prompts, self.max_tokens, strict=True))]
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        return [len(p) for p in self.prompts]
+
+
+def read_prompts(path: str, column: str, limit: int | None) -> pa.Table:
+    """The first `limit` rows (all when None) of `column`, read batch by batch."""
+    try:
+        source = pq.ParquetFile(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise JobError(f"--prompts {path}: cannot read it as Parquet ({exc})") from None
+    if column not in source.schema_arrow.names:
+        raise JobError(f"--prompts {path} has no column {column!r} "
+                       f"(columns: {', '.join(source.schema_arrow.names)})")
+    batches = []
+    rows = 0
+    for batch in source.iter_batches(columns=[column], batch_size=1024):
+        batches.append(batch)
+        rows += batch.num_rows
+        if limit is not None and rows >= limit:
+            break
+    table = pa.Table.from_batches(batches, schema=pa.schema([source.schema_arrow.field(column)]))
+    return table.slice(0, limit) if limit is not None else table
+
+
+def build_workload(table: pa.Table, column: str, tokenizer: Any, max_model_len: int,
+                   max_tokens: int, chat_template: bool, ignore_eos: bool) -> Workload:
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    options = TokenizeOptions(column, None, chat_template and has_template, max_model_len,
+                              SamplingParams(max_tokens=max_tokens))
+    prompts, limits = [], []
+    for row in tokenize_rows(table, tokenizer, options):
+        if row.prompt_token_ids is None or row.params is None:
+            continue
+        prompts.append(row.prompt_token_ids)
+        limits.append(row.params.max_tokens)
+    if not prompts:
+        raise JobError(f"none of the {table.num_rows} prompts could be tokenized")
+    return Workload(prompts, limits, ignore_eos, table.num_rows - len(prompts))
