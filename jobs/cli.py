@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from pipeline.config import JobConfig, JobError
+from pipeline.config import JobConfig, JobError, RayConfig
 from runtime.config import DEFAULT_MODEL, EngineConfig, parse_memory_size
 
 _EXIT_USER_ERROR = 2
@@ -98,6 +98,18 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True,
               help="Delete this job's earlier outputs in OUTPUT_DIR (part files, stats, manifest) "
                    "instead of resuming; needed when the options or the input changed.")
+@click.option("--runner", default="local", show_default=True, type=click.Choice(["local", "ray"]),
+              help="local: one engine in this process. ray: one engine per Ray worker, shards "
+                   "spread over the workers (needs the ray extra). Output and resume are the same "
+                   "either way: a job started on one runner can be finished on the other.")
+@click.option("--num-workers", default=None, type=click.IntRange(1),
+              help="Ray workers (engines) [default: one per GPU for GPU workers, else 1].")
+@click.option("--ray-address", default=None,
+              help="Ray cluster to join: 'auto' or HOST:PORT [default: start a local Ray "
+                   "instance sized to this machine].")
+@click.option("--gpus-per-worker", default=None, type=click.FloatRange(0),
+              help="GPUs each Ray worker reserves, e.g. 1 or 0.5 [default: 1 when the cluster "
+                   "has GPUs and --device is not cpu, else 0; CPU workers share the CPUs].")
 def generate(**options: Any) -> None:
     """Generate a completion for every row of INPUT (a Parquet file, a directory of Parquet files
     or a glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json.
@@ -115,6 +127,13 @@ def generate(**options: Any) -> None:
 
 
 def _job_config(o: dict[str, Any]) -> JobConfig:
+    ray_options = {"--num-workers": o["num_workers"], "--ray-address": o["ray_address"],
+                   "--gpus-per-worker": o["gpus_per_worker"]}
+    given = [name for name, value in ray_options.items() if value is not None]
+    if o["runner"] == "local" and given:
+        raise JobError(f"{given[0]} is an option of --runner ray")
+    ray = None if o["runner"] == "local" else RayConfig(
+        o["ray_address"], o["num_workers"], o["gpus_per_worker"])
     engine = EngineConfig(
         model=o["model"], drafter=_drafter(o["model"], o["drafter"]),
         num_speculative_tokens=o["num_speculative_tokens"], dtype=o["dtype"], device=o["device"],
@@ -125,7 +144,8 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         id_column=o["id_column"], messages_column=o["messages_column"],
         chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
         overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
-        top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]), engine=engine)
+        top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]), engine=engine,
+        ray=ray)
 
 
 from jobs.bench import bench, report  # noqa: E402  (registered once main exists)

@@ -20,6 +20,22 @@ class JobError(Exception):
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """`--runner ray`: where the shards run. Left out of the fingerprint, like every runner option:
+    a job started on one runner may be finished on another."""
+
+    address: str | None = None  # None: start a local Ray instance; "auto" or HOST:PORT: join one
+    num_workers: int | None = None  # None: one per GPU for GPU workers, else 1
+    gpus_per_worker: float | None = None  # None: 1 if the cluster has GPUs and device != cpu
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None and self.num_workers < 1:
+            raise JobError(f"--num-workers must be >= 1, got {self.num_workers}")
+        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
+            raise JobError(f"--gpus-per-worker must be >= 0, got {self.gpus_per_worker}")
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """One `eaglebatch generate` job. The sampling fields are the defaults for every row; optional
     input columns (max_tokens, temperature, top_p, top_k, seed, stop) override them row by row."""
@@ -40,6 +56,7 @@ class JobConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     engine: EngineConfig = field(default_factory=EngineConfig)
+    ray: RayConfig | None = None  # None: the local runner (one engine in this process)
 
     def __post_init__(self) -> None:
         if self.shard_rows < 1:

@@ -1,4 +1,5 @@
-"""run_job: one engine, every pending shard of the input, committed one by one.
+"""run_job: every pending shard of the input, run by one engine here (the local runner) or by one
+engine per Ray worker (pipeline.ray_runner), committed one by one by this process.
 
 Order matters: everything that can refuse the job (inputs, the output directory, the model) is
 checked before OUTPUT_DIR is changed or anything is generated.
@@ -11,8 +12,9 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import NamedTuple
 
@@ -30,7 +32,7 @@ from pipeline.manifest import (
 )
 from pipeline.progress import Progress
 from pipeline.shard import ShardContext, ShardHooks, run_shard
-from pipeline.sources import InputPlan, open_inputs, plan_shards, scan_inputs
+from pipeline.sources import InputPlan, Shard, open_inputs, plan_shards, scan_inputs
 from pipeline.stages.generate import EngineLike
 from pipeline.stages.tokenize import TokenizeOptions
 from pipeline.stats import Counts, summary_line, total, write_stats
@@ -52,43 +54,81 @@ class JobSummary(NamedTuple):
     shards_resumed: int  # committed before this run
     shards_run: int
     complete: bool  # _SUCCESS written
+    seconds: float | None = None  # earlier runs' shard seconds + this run's elapsed generation
 
     @property
     def line(self) -> str:
-        return summary_line(self.totals, self.totals.wall_seconds)
+        seconds = self.totals.wall_seconds if self.seconds is None else self.seconds
+        return summary_line(self.totals, seconds)
+
+
+# Runs shards and yields (shard id, counts) as each part file lands in OUTPUT_DIR; the caller
+# commits each to the manifest before asking for the next.
+RunShards = Callable[[list[Shard], ShardHooks], Iterator[tuple[int, Counts]]]
+Runner = Callable[[JobConfig, InputPlan, Callable[[EngineConfig], EngineLike]],
+                  AbstractContextManager[RunShards]]
 
 
 def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLike] = Engine,
             progress: bool = True) -> JobSummary:
+    runner = _runner(config)
     files, schema, has_id = open_inputs(config)
     plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
     os.makedirs(config.output_dir, exist_ok=True)
     with _locked(config.output_dir):
         manifest = _manifest_for(config, plan)
         scan_inputs(plan.files, config, plan.has_id_column)
-        engine = _build_engine(engine_factory, config.engine)
-        ctx = _shard_context(config, plan, engine)
-        resumed = _prepare_output_dir(config, manifest)
-        pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
-        bar = Progress(sum(s.num_rows for s in plan.shards),
-                       sum(s.num_rows for s in plan.shards if s.shard_id in manifest.shards),
-                       enabled=progress)
-        try:
-            with _stop_on_signals() as stop:
-                hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
-                for shard in pending:
-                    stop.check()
-                    manifest.shards[shard.shard_id] = run_shard(shard, ctx, hooks)
-                    manifest.save(config.output_dir)
-                    write_stats(config.output_dir, manifest.shards)
-        finally:
-            bar.close()
+        with runner(config, plan, engine_factory) as run_shards:
+            resumed = _prepare_output_dir(config, manifest)
+            seconds_before = total(manifest.shards.values()).wall_seconds
+            pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
+            bar = Progress(sum(s.num_rows for s in plan.shards),
+                           sum(s.num_rows for s in plan.shards if s.shard_id in manifest.shards),
+                           enabled=progress)
+            start = time.monotonic()
+            try:
+                with _stop_on_signals() as stop:
+                    hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
+                    for shard_id, counts in run_shards(pending, hooks):
+                        manifest.shards[shard_id] = counts
+                        manifest.save(config.output_dir)
+                        write_stats(config.output_dir, manifest.shards)
+            finally:
+                bar.close()
+            elapsed = time.monotonic() - start
         if manifest.complete:
             write_bytes_atomically(os.path.join(config.output_dir, SUCCESS_FILE), b"")
     summary = JobSummary(total(manifest.shards.values()), manifest.num_shards, resumed,
-                         len(pending), manifest.complete)
+                         len(pending), manifest.complete,
+                         None if config.ray is None else seconds_before + elapsed)
     print(summary.line)
     return summary
+
+
+def _runner(config: JobConfig) -> Runner:
+    if config.ray is None:
+        return _local_runner
+    try:
+        from pipeline.ray_runner import ray_runner
+    except ImportError as exc:
+        raise JobError(f"--runner ray needs Ray, which cannot be imported ({exc}); install it "
+                       f"with: pip install 'eaglebatch[ray]'") from None
+    return ray_runner
+
+
+@contextmanager
+def _local_runner(config: JobConfig, plan: InputPlan,
+                  engine_factory: Callable[[EngineConfig], EngineLike]) -> Iterator[RunShards]:
+    """One engine in this process; shards one after another, in order."""
+    engine = build_engine(engine_factory, config.engine)
+    ctx = shard_context(config, plan.has_id_column, engine)
+
+    def run_shards(pending: list[Shard], hooks: ShardHooks) -> Iterator[tuple[int, Counts]]:
+        for shard in pending:
+            hooks.check_stop()
+            yield shard.shard_id, run_shard(shard, ctx, hooks)
+
+    yield run_shards
 
 
 def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
@@ -127,7 +167,7 @@ def _prepare_output_dir(config: JobConfig, manifest: Manifest) -> int:
     return len(manifest.shards)
 
 
-def _build_engine(factory: Callable[[EngineConfig], EngineLike],
+def build_engine(factory: Callable[[EngineConfig], EngineLike],
                   config: EngineConfig) -> EngineLike:
     try:
         return factory(config)
@@ -138,7 +178,7 @@ def _build_engine(factory: Callable[[EngineConfig], EngineLike],
         raise JobError(f"cannot load {what}: {' '.join(str(exc).split())}") from None
 
 
-def _shard_context(config: JobConfig, plan: InputPlan, engine: EngineLike) -> ShardContext:
+def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) -> ShardContext:
     has_template = bool(getattr(engine.tokenizer, "chat_template", None))
     if config.messages_column is not None and not has_template:
         raise JobError(f"--messages-column {config.messages_column}: the tokenizer of "
@@ -146,7 +186,7 @@ def _shard_context(config: JobConfig, plan: InputPlan, engine: EngineLike) -> Sh
     options = TokenizeOptions(config.prompt_column, config.messages_column,
                               config.chat_template and has_template, engine.max_model_len,
                               config.sampling_params())
-    return ShardContext(engine, options, config.n, config.id_column, plan.has_id_column,
+    return ShardContext(engine, options, config.n, config.id_column, has_id_column,
                         config.output_dir)
 
 

@@ -1,0 +1,315 @@
+"""`--runner ray`: the job's shards on a pool of Ray actors, one engine per actor.
+
+The driver (run_job, in this process) keeps everything that makes a job exactly-once: the lock on
+OUTPUT_DIR, the manifest and the part files. A worker builds its engine once, runs a shard through
+the same run_shard as the local runner into a scratch directory of its own, and returns the part
+file's bytes; the driver renames them into OUTPUT_DIR and only then records the shard in the
+manifest. A worker that dies (or whose node dies) loses only its shard in flight: the shard goes
+back to the front of the queue, a fresh worker replaces the dead one, and the next free worker
+redoes it.
+Workers need the input at the same path as the driver (a shared file system on a cluster); they
+never write to OUTPUT_DIR.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+
+from pipeline.atomic import write_bytes_atomically
+from pipeline.config import JobConfig, JobError, RayConfig
+from pipeline.shard import ShardContext, ShardHooks, run_shard
+from pipeline.sources import InputPlan, Shard
+from pipeline.stages.generate import EngineLike
+from pipeline.stats import Counts
+from runtime.config import EngineConfig
+
+MAX_ATTEMPTS = 3  # a shard whose worker died this many times fails the job (it likely kills them)
+_POLL_S = 1.0  # how often the driver asks the workers for progress
+_CLOSE_S = 10.0
+
+
+class Resources(NamedTuple):
+    num_workers: int
+    cpus_per_worker: float
+    gpus_per_worker: float
+
+
+@contextmanager
+def ray_runner(config: JobConfig, plan: InputPlan,
+               engine_factory: Callable[[EngineConfig], EngineLike]
+               ) -> Iterator[Callable[[list[Shard], ShardHooks], Iterator[tuple[int, Counts]]]]:
+    """Connect to (or start) Ray, start the workers and wait for their engines; yield the function
+    that runs shards on them. Workers are killed, and a Ray instance started here shut down, on
+    exit. Raises JobError before anything is generated when Ray or an engine cannot start."""
+    options = config.ray or RayConfig()
+    with _connected(options):
+        resources = plan_resources(options, config.engine.device, ray.cluster_resources(),
+                                   _largest_node_cpus())
+        pool = _WorkerPool(config, plan.has_id_column, engine_factory, resources)
+        try:
+            pool.start()
+            print(f"ray: {resources.num_workers} workers ({resources.cpus_per_worker:g} CPUs, "
+                  f"{resources.gpus_per_worker:g} GPUs each)", file=sys.stderr)
+            yield pool.run_shards
+        finally:
+            pool.close()
+
+
+def plan_resources(options: RayConfig, device: str, cluster: dict[str, float],
+                   largest_node_cpus: float) -> Resources:
+    """How many workers, and what each reserves. GPU workers (the default when the cluster has
+    GPUs and --device is not cpu) take one CPU and --gpus-per-worker GPUs, one worker per GPU by
+    default. CPU workers share the CPUs: one worker by default, and torch in each uses as many
+    threads as CPUs it reserves (Ray sets OMP_NUM_THREADS to it)."""
+    cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    per_gpu = options.gpus_per_worker
+    if per_gpu is None:
+        per_gpu = 1.0 if gpus >= 1 and device != "cpu" else 0.0
+    if per_gpu > 0:
+        workers = options.num_workers or max(1, int(gpus // per_gpu))
+        per_cpu = 1.0
+    else:
+        workers = options.num_workers or 1
+        per_cpu = float(max(1, min(int(cpus // workers), int(largest_node_cpus))))
+    for name, need, have in (("CPU", per_cpu, cpus), ("GPU", per_gpu, gpus)):
+        if need * workers > have:
+            raise JobError(f"--num-workers {workers} with {need:g} {name}s each needs "
+                           f"{need * workers:g} {name}s; the Ray cluster has {have:g}")
+    return Resources(workers, per_cpu, per_gpu)
+
+
+@contextmanager
+def _connected(options: RayConfig) -> Iterator[None]:
+    """Use the Ray this process is already connected to; else join options.address, or start a
+    local instance sized to this machine when there is none. Disconnect (and so stop a local
+    instance) only if the connection was made here."""
+    if ray.is_initialized():
+        yield
+        return
+    try:
+        if options.address is None:
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address=options.address, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = options.address or "a local instance"
+        raise JobError(f"--ray-address: cannot connect to {where} "
+                       f"({' '.join(str(exc).split())})") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _largest_node_cpus() -> float:
+    return max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
+
+
+class WorkerProgress(NamedTuple):
+    shard_id: int | None  # the shard in flight (None before the first)
+    rows: int  # input rows of it finished so far
+    tokens: int  # tokens its engine steps reported so far
+
+
+class ShardResult(NamedTuple):
+    part: bytes  # the part file, exactly as run_shard wrote it
+    counts: Counts
+
+
+class ShardWorker:
+    """One engine, whole shards at a time (the body of a Ray actor; see the module docstring)."""
+
+    def __init__(self, config: JobConfig, has_id_column: bool,
+                 engine_factory: Callable[[EngineConfig], EngineLike]) -> None:
+        from pipeline.job import build_engine, shard_context  # job imports this module lazily
+
+        self._scratch = tempfile.mkdtemp(prefix="eaglebatch-worker-")
+        self._lock = threading.Lock()
+        self._progress = WorkerProgress(None, 0, 0)
+        self._ctx: ShardContext | None = None
+        self._error: str | None = None
+        try:
+            engine = build_engine(engine_factory, config.engine)
+            ctx = shard_context(config, has_id_column, engine)
+            self._ctx = ctx._replace(output_dir=self._scratch)
+        except JobError as exc:  # returned by ready(), so the driver can raise it as it is
+            self._error = str(exc)
+
+    def ready(self) -> str | None:
+        """None once the engine is loaded, else the JobError message that stopped it."""
+        return self._error
+
+    def run(self, shard: Shard) -> ShardResult:
+        if self._ctx is None:
+            raise JobError(self._error or "the worker has no engine")
+        with self._lock:
+            self._progress = WorkerProgress(shard.shard_id, 0, 0)
+        hooks = ShardHooks(self._rows_done, self._tokens_generated, _never_stop)
+        counts = run_shard(shard, self._ctx, hooks)
+        path = os.path.join(self._scratch, shard.part_name)
+        with open(path, "rb") as f:
+            part = f.read()
+        os.remove(path)
+        return ShardResult(part, counts)
+
+    def progress(self) -> WorkerProgress:
+        with self._lock:
+            return self._progress
+
+    def close(self) -> None:
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def _rows_done(self, count: int) -> None:
+        with self._lock:
+            p = self._progress
+            self._progress = p._replace(rows=p.rows + count)
+
+    def _tokens_generated(self, count: int) -> None:
+        with self._lock:
+            p = self._progress
+            self._progress = p._replace(tokens=p.tokens + count)
+
+
+def _never_stop() -> None:
+    """Workers are stopped by the driver killing them, never between stages."""
+
+
+class _Task(NamedTuple):
+    worker: Any  # the actor handle
+    shard: Shard
+    attempt: int
+
+
+class _WorkerPool:
+    """The driver's side: a queue of shards, one in flight per worker, dead workers replaced."""
+
+    def __init__(self, config: JobConfig, has_id_column: bool,
+                 engine_factory: Callable[[EngineConfig], EngineLike],
+                 resources: Resources) -> None:
+        self._config = config
+        self._actor = ray.remote(ShardWorker).options(
+            num_cpus=resources.cpus_per_worker, num_gpus=resources.gpus_per_worker,
+            max_concurrency=2)  # progress() answers while run() generates
+        self._args = (config, has_id_column, engine_factory)
+        self._num_workers = resources.num_workers
+        self._workers: list[Any] = []
+        self._lost = 0
+
+    def start(self) -> None:
+        self._workers = [self._actor.remote(*self._args) for _ in range(self._num_workers)]
+        for error in ray.get([w.ready.remote() for w in self._workers]):
+            if error is not None:
+                raise JobError(error)
+
+    def close(self) -> None:
+        """Remove the workers' scratch directories, then kill them."""
+        try:
+            ray.get([w.close.remote() for w in self._workers], timeout=_CLOSE_S)
+        except (RayError, GetTimeoutError):
+            pass  # a dead or busy worker: its scratch directory only holds temp files
+        for worker in self._workers:
+            ray.kill(worker)
+        if self._lost:
+            print(f"ray: {self._lost} workers were lost and replaced; their shards were redone",
+                  file=sys.stderr)
+
+    def run_shards(self, pending: list[Shard],
+                   hooks: ShardHooks) -> Iterator[tuple[int, Counts]]:
+        """Yield (shard id, counts) as shards finish (any order), each part file already renamed
+        into OUTPUT_DIR: the caller commits it to the manifest before asking for the next."""
+        queue = deque(_Task(None, _absolute(s), 1) for s in pending)
+        idle = list(self._workers)
+        busy: dict[Any, _Task] = {}  # ObjectRef of run() -> its task
+        seen: dict[int, WorkerProgress] = {}  # shard id -> progress reported so far
+        while queue or busy:
+            while idle and queue:
+                task = queue.popleft()._replace(worker=idle.pop())
+                busy[task.worker.run.remote(task.shard)] = task
+                seen[task.shard.shard_id] = WorkerProgress(task.shard.shard_id, 0, 0)
+            done, _ = ray.wait(list(busy), num_returns=1, timeout=_POLL_S)
+            self._report_progress(list(busy.values()), seen, hooks)
+            hooks.check_stop()
+            for ref in done:
+                task = busy.pop(ref)
+                so_far = seen.pop(task.shard.shard_id)
+                result = self._result(ref, task)
+                if result is None:  # the worker died: undo its progress, redo its shard
+                    hooks.rows_done(-so_far.rows)
+                    queue.appendleft(task._replace(worker=None, attempt=task.attempt + 1))
+                    idle.append(self._replace(task.worker))
+                    continue
+                idle.append(task.worker)
+                hooks.rows_done(task.shard.num_rows - so_far.rows)
+                write_bytes_atomically(
+                    os.path.join(self._config.output_dir, task.shard.part_name), result.part)
+                yield task.shard.shard_id, result.counts
+
+    def _result(self, ref: Any, task: _Task) -> ShardResult | None:
+        """The shard's result; None when its worker died (the shard is to be redone)."""
+        try:
+            result: ShardResult = ray.get(ref)
+            return result
+        except RayTaskError as exc:  # run_shard raised: the local runner would stop here too
+            if isinstance(exc.cause, JobError):
+                raise JobError(str(exc.cause)) from None
+            raise
+        except RayError as exc:  # the actor, its node or the result's object was lost
+            if task.attempt >= MAX_ATTEMPTS:
+                raise JobError(
+                    f"shard {task.shard.shard_id} ({task.shard.file.path} rows "
+                    f"{task.shard.start}-{task.shard.stop - 1}) lost its worker {task.attempt} "
+                    f"times, last: {_first_line(exc)}; committed shards are kept, rerun to "
+                    f"resume (with smaller --shard-rows or more memory)") from None
+            print(f"ray: a worker died with shard {task.shard.shard_id} in flight "
+                  f"({_first_line(exc)}); another worker redoes it", file=sys.stderr)
+            return None
+
+    def _replace(self, dead: Any) -> Any:
+        self._lost += 1
+        ray.kill(dead)
+        fresh = self._actor.remote(*self._args)
+        self._workers[self._workers.index(dead)] = fresh
+        return fresh
+
+    def _report_progress(self, tasks: list[_Task], seen: dict[int, WorkerProgress],
+                         hooks: ShardHooks) -> None:
+        """Forward rows and tokens the busy workers report to the progress bar (best effort: a
+        worker too busy or dead to answer within the poll interval is asked again next time)."""
+        refs = [t.worker.progress.remote() for t in tasks]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_POLL_S)
+        for ref in ready:
+            try:
+                now: WorkerProgress = ray.get(ref)
+            except RayError:
+                continue
+            before = None if now.shard_id is None else seen.get(now.shard_id)
+            if before is None or now.shard_id is None:  # about a shard finished meanwhile
+                continue
+            seen[now.shard_id] = now
+            if now.rows > before.rows:
+                hooks.rows_done(now.rows - before.rows)
+            if now.tokens > before.tokens:
+                hooks.on_step(now.tokens - before.tokens)
+
+
+def _absolute(shard: Shard) -> Shard:
+    """Workers may run in another directory (or on another machine): give them absolute paths."""
+    return replace(shard, file=replace(shard.file, path=os.path.abspath(shard.file.path)))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
