@@ -66,6 +66,8 @@ def _memory_size(ctx: click.Context, param: click.Parameter, value: str | None) 
               help="KV cache per engine, e.g. 2GiB (default: enough for the whole batch).")
 @click.option("--max-num-batched-tokens", default=2048, show_default=True,
               type=click.IntRange(1), help="Token budget of one engine step.")
+@click.option("--threads", default=None, type=click.IntRange(1),
+              help="torch CPU threads (default: torch's choice, one per core).")
 def bench(**options: Any) -> None:
     """Measure the engine with and without speculative decoding against transformers `generate`,
     side by side and interleaved, and write bench.parquet, report.md and PNG plots to --out."""
@@ -80,7 +82,7 @@ def bench(**options: Any) -> None:
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],
-            max_num_batched_tokens=o["max_num_batched_tokens"]))
+            max_num_batched_tokens=o["max_num_batched_tokens"], threads=o["threads"]))
     except JobError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)

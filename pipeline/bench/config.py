@@ -42,6 +42,7 @@ class BenchConfig:
     device: str = "auto"
     kv_cache_memory: int | None = None
     max_num_batched_tokens: int = 2048
+    threads: int | None = None  # torch CPU threads; None: torch's default
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -54,6 +55,8 @@ class BenchConfig:
             raise JobError(f"--baseline must be one of {', '.join(BASELINES)}")
         if self.repeats < 1 or self.max_tokens < 1:
             raise JobError("--repeats and --max-tokens must be >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise JobError(f"--threads must be >= 1, got {self.threads}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise JobError(f"--num-prompts must be >= 1, got {self.num_prompts}")
 

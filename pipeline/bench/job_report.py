@@ -120,7 +120,7 @@ def _totals(c: Counts) -> str:
         rows += [["acceptance rate", md.pct(d["acceptance_rate"])],
                  ["mean acceptance length", md.num(d["mean_acceptance_length"], 2)],
                  ["acceptance by position", positions or "–"]]
-    return "## Totals\n\n" + md.table(["", "value"], rows)
+    return "## Totals\n\n" + md.table(["total", "value"], rows)
 
 
 def _shard_table(shards: dict[int, Counts], committed: dict[int, float | None]) -> str:

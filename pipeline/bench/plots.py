@@ -11,6 +11,7 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from pipeline.bench.aggregate import Key, Summary, batch_sizes, engine_ks, speedup_vs_k0
 from pipeline.bench.metrics import variant_label
@@ -125,6 +126,7 @@ def plot_bars(labels: Sequence[str], values: Sequence[float], path: Path, title:
         return None
     fig, ax = _figure(title, xlabel, ylabel)
     ax.bar(range(len(labels)), values, color="tab:red")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     step = max(1, len(labels) // 20)  # at most ~20 tick labels
     ax.set_xticks(range(0, len(labels), step), list(labels)[::step])
     ax.set_ylim(0, max(1.0, max(values) * 1.15))

@@ -36,6 +36,10 @@ _SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3; bytes follow
 _CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
                   "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
 _SHARD_BYTES = 2 << 30
+# Target fields a drafter shares (its layer is Llama-style whatever the target's family).
+_DRAFTER_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                   "intermediate_size", "rms_norm_eps", "vocab_size", "max_position_embeddings",
+                   "rope_parameters", "rope_theta", "hidden_act", "bos_token_id", "eos_token_id")
 _INIT_STD = 0.02
 
 
@@ -72,11 +76,12 @@ def make_random_drafter(target_dir: Path, out_dir: Path, dtype: torch.dtype,
     fc.weight [H, 2H], fc.bias [H], layers.0.* (a decoder layer without input_layernorm)."""
     config = AutoConfig.from_pretrained(target_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    one_layer = config.to_dict() | {"num_hidden_layers": 1, "model_type": "llama",
-                                    "tie_word_embeddings": False,
-                                    "architectures": ["EagleLlama"]}
+    target = config.to_dict()
+    one_layer = {key: target[key] for key in _DRAFTER_FIELDS if target.get(key) is not None}
+    one_layer |= {"model_type": "llama", "num_hidden_layers": 1, "tie_word_embeddings": False}
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(AutoConfig.for_model(**one_layer))
+    one_layer["architectures"] = ["EagleLlama"]
     hidden = config.hidden_size
     shapes = {name.removeprefix("model."): tuple(p.shape)
               for name, p in skeleton.state_dict().items()

@@ -55,6 +55,8 @@ def run_bench(config: BenchConfig) -> Path:
                         kv_cache_memory=config.kv_cache_memory,
                         max_num_batched_tokens=config.max_num_batched_tokens)
     p = place(base)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)  # for the rest of this process
     with tempfile.TemporaryDirectory(prefix=".bench-models-", dir=out) as scratch:
         models = resolve_models(config, Path(scratch), p.dtype)
         tokenizer = load_tokenizer(models.model_dir)

@@ -1,0 +1,86 @@
+"""random:<preset> checkpoints: the real shapes, loadable, lossless with a random drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import AutoConfig, AutoTokenizer
+
+from jobs.cli import main
+from pipeline.bench import presets
+from pipeline.bench.runner import read_bench_parquet
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.request import GenerationRequest
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}
+
+
+def test_presets_have_the_real_shapes() -> None:
+    assert presets.preset_names() == ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b", "smollm2-135m"]
+    llama = presets.PRESETS["llama-3-8b"]
+    assert (llama["hidden_size"], llama["num_hidden_layers"], llama["num_key_value_heads"],
+            llama["vocab_size"]) == (4096, 32, 8, 128256)
+
+
+def test_byte_tokenizer_round_trips_any_text(tmp_path: Path) -> None:
+    presets.make_byte_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    text = "naïve café: 1+1=2\n"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert len(ids) == len(text.encode()) and max(ids) < 260
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 3
+
+
+@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2-0.5b"])
+def test_random_checkpoint_runs_and_a_random_drafter_is_lossless(
+        preset: str, tmp_path: Path) -> None:
+    target = presets.make_random_checkpoint(preset, tmp_path / "m", torch.float32, shape=TINY)
+    config = AutoConfig.from_pretrained(target)
+    assert config.model_type == presets.PRESETS[preset]["model_type"]
+    assert config.rope_parameters["rope_theta"] == presets.PRESETS[preset]["rope_theta"]
+    drafter = presets.make_random_drafter(target, tmp_path / "d", torch.float32)
+    request = GenerationRequest("r", (1, 80, 81, 82, 83), SamplingParams(max_tokens=10,
+                                                                         ignore_eos=True))
+    outputs = []
+    for draft in (None, str(drafter)):
+        engine = Engine(EngineConfig(model=str(target), drafter=draft, num_speculative_tokens=3,
+                                     kv_cache_memory=4 << 20))
+        (completion,) = engine.generate([request])
+        assert len(completion.token_ids) == 10
+        outputs.append(completion)
+    assert outputs[0].token_ids == outputs[1].token_ids
+    assert outputs[1].num_drafted > 0
+
+
+def test_bench_on_a_random_preset_says_acceptance_is_meaningless(
+        tmp_path: Path, prompts_file: Path, monkeypatch: pytest.MonkeyPatch,
+        one_thread_module: None) -> None:
+    monkeypatch.setitem(presets.PRESETS, "tiny", {**presets.PRESETS["smollm2-135m"], **TINY})
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, [
+        "bench", "--model", "random:tiny", "--prompts", str(prompts_file), "--out", str(out),
+        "--batch-sizes", "2", "--k", "0,1", "--max-tokens", "4", "--repeats", "1",
+        "--baseline", "none", "--num-prompts", "2"])
+    assert result.exit_code == 0, result.output
+    rows, meta = read_bench_parquet(out / "bench.parquet")
+    assert meta["random_weights"] and meta["ignore_eos"]
+    assert meta["drafter"] == "random weights (1-layer EAGLE-1)"
+    assert [(r["variant"], r["k"], r["output_tokens"]) for r in rows] == [
+        ("engine", 0, 8), ("engine", 1, 8)]
+    report = (out / "report.md").read_text()
+    assert "acceptance figures are meaningless" in report
+    assert "## Acceptance (all batch sizes and repeats) (random weights: meaningless)" in report
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # scratch removed
+
+
+def test_unknown_preset_is_a_user_error(tmp_path: Path, prompts_file: Path) -> None:
+    result = CliRunner().invoke(main, ["bench", "--model", "random:gpt-9", "--prompts",
+                                       str(prompts_file), "--out", str(tmp_path), "--k", "0"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --model random:gpt-9: unknown preset; presets: ")

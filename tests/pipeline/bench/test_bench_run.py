@@ -1,0 +1,123 @@
+"""`eaglebatch bench` end to end on the tiny random llama with a random 2-layer EAGLE drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from matplotlib.image import imread
+
+from pipeline.bench.aggregate import acceptance_by_k, summarize
+from pipeline.bench.metrics import BENCH_SCHEMA
+from pipeline.bench.plots import plot_acceptance, plot_speedup, plot_throughput
+from pipeline.bench.runner import read_bench_parquet
+from tests.pipeline.bench.conftest import (
+    BATCH_SIZES,
+    BENCH_PROMPTS,
+    KS,
+    MAX_TOKENS,
+    REPEATS,
+    run_bench_cli,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PLOT_FILES = ("tokens_per_s_by_batch.png", "speedup_by_k.png", "acceptance_by_position.png")
+LABELS = ["transformers", "engine k=0", "engine k=2"]
+
+
+def _label(row: dict) -> str:
+    return row["variant"] if row["variant"] == "transformers" else f"engine k={row['k']}"
+
+
+def test_bench_parquet_has_one_row_per_run_in_interleaved_order(bench_dir: Path) -> None:
+    table = pq.read_table(bench_dir / "bench.parquet")
+    assert [(f.name, f.type) for f in table.schema] == [(f.name, f.type) for f in BENCH_SCHEMA]
+    rows = table.to_pylist()
+    assert [r["order"] for r in rows] == list(range(len(BATCH_SIZES) * REPEATS * 3))
+    expected = [(b, repeat, label) for b in BATCH_SIZES for repeat in range(REPEATS)
+                for label in LABELS]
+    assert [(r["batch_size"], r["repeat"], _label(r)) for r in rows] == expected
+
+
+def test_bench_measures_every_run(bench_dir: Path) -> None:
+    rows, meta = read_bench_parquet(bench_dir / "bench.parquet")
+    assert meta["prompts"] == len(BENCH_PROMPTS) and meta["random_weights"] is False
+    assert meta["config"]["batch_sizes"] == list(BATCH_SIZES)
+    for r in rows:
+        assert r["requests"] == len(BENCH_PROMPTS)
+        assert 0 < r["output_tokens"] <= len(BENCH_PROMPTS) * MAX_TOKENS
+        assert r["output_tokens_per_s"] == r["output_tokens"] / r["wall_seconds"]
+        assert 0 < r["ttft_p50_s"] <= r["latency_p99_s"] <= r["wall_seconds"]
+        assert r["latency_p50_s"] <= r["latency_p99_s"]
+        assert r["peak_rss_bytes"] > 0 and r["peak_gpu_bytes"] is None
+    for r in rows:
+        if r["variant"] == "engine" and r["k"] == 2:
+            assert r["drafted"] > 0 and len(r["accepted_per_position"]) == 2
+            assert r["draft_steps"] > 0 and r["mean_acceptance_length"] >= 1.0
+        else:
+            assert r["drafted"] == 0 and r["acceptance_rate"] is None
+
+
+def test_engine_variants_agree_and_the_report_says_so(bench_dir: Path) -> None:
+    rows, _ = read_bench_parquet(bench_dir / "bench.parquet")
+    engine_rows = [r for r in rows if r["variant"] == "engine"]
+    assert len(engine_rows) == len(BATCH_SIZES) * len(KS) * REPEATS
+    for r in engine_rows:
+        assert (r["outputs_equal"], r["outputs_compared"]) == (len(BENCH_PROMPTS),) * 2
+        assert r["first_divergence"] is None
+    assert len({r["output_tokens"] for r in engine_rows}) == 1
+    report = (bench_dir / "report.md").read_text()
+    assert "**PASS**: all 8 engine runs produced exactly the same tokens as engine k=0 at " \
+           "batch 1 (first run) for all 4 requests." in report
+
+
+def test_report_has_median_and_ratio_tables(bench_dir: Path) -> None:
+    report = (bench_dir / "report.md").read_text()
+    for b in BATCH_SIZES:
+        for label in LABELS:
+            assert f"| {b} | {label} | " in report
+    assert "Engine without drafter over transformers" in report
+    assert "| batch | k=2 |" in report and "| batch | best k | tokens/s |" in report
+    assert "| k | drafted | acceptance rate | mean acceptance length | pos 1 | pos 2 |" in report
+    for name in PLOT_FILES:
+        assert f"]({name})" in report
+    assert "Random weights" not in report and "bandwidth floor" not in report
+
+
+def test_plots_are_pngs_with_data(bench_dir: Path, tmp_path: Path) -> None:
+    for name in PLOT_FILES:
+        data = (bench_dir / name).read_bytes()
+        assert data[:8] == PNG_SIGNATURE
+        pixels = imread(bench_dir / name)[..., :3]
+        blue = ((abs(pixels - [0.12, 0.47, 0.71]) < 0.05).all(axis=-1)).sum()
+        assert blue > 100, f"{name}: no line in the first series colour"
+    rows, _ = read_bench_parquet(bench_dir / "bench.parquet")
+    summaries = summarize(rows)
+    throughput = plot_throughput(summaries, tmp_path / "t.png")
+    assert throughput is not None and sorted(throughput) == sorted(LABELS)
+    assert all([x for x, _ in points] == [1.0, 3.0] for points in throughput.values())
+    assert all(y > 0 for points in throughput.values() for _, y in points)
+    speedup = plot_speedup(summaries, tmp_path / "s.png")
+    assert speedup is not None and sorted(speedup) == ["batch 1", "batch 3"]
+    assert all([x for x, _ in p] == [0.0, 2.0] and p[0][1] == 1.0 for p in speedup.values())
+    acceptance = plot_acceptance({"k=2": acceptance_by_k(rows)[2]}, tmp_path / "a.png")
+    assert acceptance is not None and [x for x, _ in acceptance["k=2"]] == [1.0, 2.0]
+
+
+def test_report_command_redraws_a_bench_report(bench_dir: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    result = CliRunner().invoke(main, ["report", str(bench_dir), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "report.md").read_text() == (bench_dir / "report.md").read_text()
+    assert all((tmp_path / name).read_bytes()[:8] == PNG_SIGNATURE for name in PLOT_FILES)
+
+
+def test_speculative_k_without_a_drafter_is_a_user_error(
+        tiny_model_dir: Path, prompts_file: Path, tmp_path: Path) -> None:
+    result = run_bench_cli("--model", str(tiny_model_dir), "--drafter", "none", "--prompts",
+                           str(prompts_file), "--out", str(tmp_path), "--k", "0,1")
+    assert result.exit_code == 2
+    assert result.stderr == "error: --drafter none allows only --k 0\n"

@@ -1,0 +1,101 @@
+"""The bench's pure parts: percentiles, output agreement, medians and ratios, options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline.bench import markdown as md
+from pipeline.bench.aggregate import acceptance_by_k, best_k, ratio, speedup_vs_k0, summarize
+from pipeline.bench.config import BenchConfig, parse_int_list
+from pipeline.bench.metrics import Agreement, RunRecord, bench_row, percentile
+from pipeline.config import JobError
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 99) == pytest.approx(4.96)
+
+
+def test_agreement_counts_equal_requests_and_the_first_divergence() -> None:
+    reference = {"0": (5, 6, 7), "1": (8, 9), "2": (1,)}
+    same = Agreement(reference, dict(reference))
+    assert (same.equal, same.compared, same.first_divergence) == (3, 3, None)
+    other = Agreement(reference, {"0": (5, 6, 4), "1": (8,), "2": (1,)})
+    assert (other.equal, other.compared, other.first_divergence) == (1, 3, 1)
+    missing = Agreement(reference, {"1": (8, 9), "2": (1,)})
+    assert (missing.equal, missing.first_divergence) == (2, 0)
+
+
+def test_bench_row_from_a_record() -> None:
+    record = RunRecord("engine", 2, 4, t0=10.0)
+    record.first_token("a", 10.5)
+    record.finish("a", (1, 2, 3), 11.0)
+    record.finish("b", (4,), 12.0)  # finished in its first step: ttft = latency
+    record.spec.drafted, record.spec.accepted, record.spec.draft_steps = 6, 3, 3
+    record.spec.add_positions([2, 1])
+    record.end = 12.0
+    row = bench_row(record, 7, 1, Agreement({"a": (1, 2, 3), "b": (4,)}, record.outputs))
+    assert row["output_tokens"] == 4 and row["wall_seconds"] == 2.0
+    assert row["output_tokens_per_s"] == 2.0 and row["requests_per_s"] == 1.0
+    assert (row["latency_mean_s"], row["latency_p50_s"]) == (1.5, 1.5)
+    assert (row["ttft_mean_s"], row["ttft_p50_s"]) == (1.25, 1.25)
+    assert row["acceptance_rate"] == 0.5 and row["mean_acceptance_length"] == 2.0
+    assert row["per_position_acceptance"] == [2 / 3, 1 / 3]
+    assert (row["order"], row["repeat"], row["outputs_equal"]) == (7, 1, 2)
+
+
+def _row(batch: int, variant: str, k: int, tps: float, **extra: Any) -> dict[str, Any]:
+    return {"batch_size": batch, "variant": variant, "k": k, "output_tokens_per_s": tps,
+            "drafted": 0, "accepted": 0, "draft_steps": 0, "accepted_per_position": [], **extra}
+
+
+def test_medians_ratios_and_best_k() -> None:
+    rows = [_row(1, "engine", 0, 10.0), _row(1, "engine", 0, 14.0), _row(1, "engine", 0, 12.0),
+            _row(1, "engine", 3, 18.0), _row(1, "transformers", 0, 6.0),
+            _row(8, "engine", 0, 40.0), _row(8, "engine", 3, 30.0)]
+    summaries = summarize(rows)
+    assert list(summaries) == [(1, "transformers", 0), (1, "engine", 0), (1, "engine", 3),
+                               (8, "engine", 0), (8, "engine", 3)]
+    k0 = summaries[(1, "engine", 0)]
+    assert k0.tokens_per_s == 12.0 and k0.spread == pytest.approx(4 / 12)
+    assert summaries[(1, "engine", 3)].spread is None
+    assert ratio(summaries, (1, "engine", 0), (1, "transformers", 0)) == 2.0
+    assert ratio(summaries, (8, "engine", 0), (8, "transformers", 0)) is None
+    assert speedup_vs_k0(summaries, 1, 3) == 1.5 and speedup_vs_k0(summaries, 8, 3) == 0.75
+    assert best_k(summaries, 1).k == 3 and best_k(summaries, 8).k == 0  # type: ignore[union-attr]
+
+
+def test_acceptance_sums_counts_over_batch_sizes() -> None:
+    rows = [_row(1, "engine", 2, 1.0, drafted=10, accepted=6, draft_steps=5,
+                 accepted_per_position=[4, 2]),
+            _row(4, "engine", 2, 1.0, drafted=10, accepted=2, draft_steps=5,
+                 accepted_per_position=[2, 0]),
+            _row(4, "engine", 0, 1.0)]
+    by_k = acceptance_by_k(rows)
+    assert list(by_k) == [2]
+    derived = by_k[2].derived()
+    assert derived["acceptance_rate"] == 0.4 and derived["mean_acceptance_length"] == 1.8
+    assert derived["per_position_acceptance"] == [0.6, 0.2]
+
+
+def test_markdown_table_aligns_numbers_right() -> None:
+    assert md.table(["b", "variant", "tokens/s"], [["1", "engine k=0", "1,234.5"]]) == (
+        "| b | variant | tokens/s |\n| ---: | --- | ---: |\n| 1 | engine k=0 | 1,234.5 |")
+    assert (md.ratio(1.234), md.pct(0.5), md.ms(0.0123), md.num(None)) == (
+        "1.23x", "50.0%", "12", "–")
+
+
+def test_options_are_checked() -> None:
+    assert parse_int_list("1, 4,16") == (1, 4, 16)
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        parse_int_list("1,x")
+    with pytest.raises(JobError, match="--k must be integers >= 0"):
+        BenchConfig("p.parquet", "out", ks=(0, -1))
+    with pytest.raises(JobError, match="must not repeat"):
+        BenchConfig("p.parquet", "out", batch_sizes=(4, 4))
+    assert BenchConfig("p", "o", model="random:llama-3-8b").random_preset == "llama-3-8b"
+    assert BenchConfig("p", "o", ks=(0, 1, 3)).speculative_ks == (1, 3)
