@@ -1,8 +1,8 @@
 """Portable paged attention in plain torch (CPU and CUDA). Correct first, then reasonably fast.
 
-Sequences with short queries (decode, verification of a few draft tokens) are attended together:
-their K/V are gathered through the block table into one padded batch and masked. Long queries
-(prefill chunks) are attended one sequence at a time so padding never multiplies their cost.
+Sequences are attended in a few padded batches: each sequence's K/V are gathered through its block
+table and masked. Sequences are bucketed by query length (1, 2, 3-4, 5-8, 9-16, ...), so decode and
+verification rows share one batch and padding never more than doubles a prefill chunk's cost.
 Index tensors and masks depend only on the metadata, so they are built once per forward pass
 (by the first layer) and kept in metadata.derived for the other layers.
 """
@@ -15,9 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from runtime.attention.metadata import AttentionMetadata
-
-# Queries up to this many tokens go into the padded batch; longer ones run alone.
-BATCHED_QUERY_MAX = 16
 
 
 def write_kv(
@@ -34,7 +31,8 @@ def write_kv(
 
 
 class _Batched(NamedTuple):
-    """Short queries, padded to width_q tokens each; padding repeats a row's last token."""
+    """Queries of one length bucket, padded to width_q tokens each; padding repeats a row's last
+    token."""
 
     num_rows: int
     width_q: int
@@ -43,13 +41,6 @@ class _Batched(NamedTuple):
     mask: torch.Tensor  # [num_rows, 1, width_q, num_kv] bool
     keep: torch.Tensor  # [num_short_tokens] padded rows that hold real tokens
     dest: torch.Tensor  # [num_short_tokens] their token index in the step
-
-
-class _Single(NamedTuple):
-    start: int
-    num_tokens: int
-    slots: torch.Tensor  # [kv_len] flat cache slots of the sequence's keys
-    mask: torch.Tensor  # [1, 1, num_tokens, kv_len] bool
 
 
 class TorchAttentionBackend:
@@ -70,18 +61,13 @@ class TorchAttentionBackend:
         write_kv(kv_cache, key, value, md.slot_mapping)
         _, num_blocks, block_size, heads, dim = kv_cache.shape
         flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
-        batched, singles = self._plan(md, block_size, query.device)
         out = torch.empty_like(query)
-        if batched is not None:
+        for batched in self._plan(md, block_size, query.device):
             q = query.index_select(0, batched.query_index)
             q = q.view(batched.num_rows, batched.width_q, *query.shape[1:]).transpose(1, 2)
             o = self._attend(q, flat, batched.slots, batched.mask)
             o = o.transpose(1, 2).reshape(-1, *query.shape[1:])
             out.index_copy_(0, batched.dest, o.index_select(0, batched.keep))
-        for s in singles:
-            q = query[s.start:s.start + s.num_tokens].unsqueeze(0).transpose(1, 2)
-            o = self._attend(q, flat, s.slots.unsqueeze(0), s.mask)
-            out[s.start:s.start + s.num_tokens] = o.transpose(1, 2)[0]
         return out
 
     def _attend(self, q: torch.Tensor, flat: torch.Tensor, slots: torch.Tensor,
@@ -93,35 +79,33 @@ class TorchAttentionBackend:
                                               attn_mask=mask, scale=self.scale, enable_gqa=True)
 
     def _plan(self, md: AttentionMetadata, block_size: int, device: torch.device
-              ) -> tuple[_Batched | None, list[_Single]]:
+              ) -> list[_Batched]:
         key = f"torch/{block_size}/{self.sliding_window}"
         if key not in md.derived:
             md.derived[key] = self._build_plan(md, block_size, device)
         return md.derived[key]
 
     def _build_plan(self, md: AttentionMetadata, block_size: int, device: torch.device
-                    ) -> tuple[_Batched | None, list[_Single]]:
-        short = [i for i, n in enumerate(md.query_lens) if n <= BATCHED_QUERY_MAX]
-        singles = [
-            _Single(md.query_starts[i], n,
-                    self._slots(md, [i], md.seq_lens_host[i], block_size, device)[0],
-                    self._mask([n], [md.seq_lens_host[i]], n, md.seq_lens_host[i], device))
-            for i, n in enumerate(md.query_lens) if n > BATCHED_QUERY_MAX]
-        if not short:
-            return None, singles
-        q_lens = [md.query_lens[i] for i in short]
-        kv_lens = [md.seq_lens_host[i] for i in short]
+                    ) -> list[_Batched]:
+        buckets: dict[int, list[int]] = {}
+        for i, n in enumerate(md.query_lens):
+            buckets.setdefault((n - 1).bit_length(), []).append(i)
+        return [self._batch(md, rows, block_size, device) for _, rows in sorted(buckets.items())]
+
+    def _batch(self, md: AttentionMetadata, rows: list[int], block_size: int,
+               device: torch.device) -> _Batched:
+        q_lens = [md.query_lens[i] for i in rows]
+        kv_lens = [md.seq_lens_host[i] for i in rows]
         width_q, num_kv = max(q_lens), max(kv_lens)
-        starts = [md.query_starts[i] for i in short]
+        starts = [md.query_starts[i] for i in rows]
         query_index = [s + min(j, n - 1) for s, n in zip(starts, q_lens) for j in range(width_q)]
         keep = [r * width_q + j for r, n in enumerate(q_lens) for j in range(n)]
         dest = [s + j for s, n in zip(starts, q_lens) for j in range(n)]
-        batched = _Batched(
-            len(short), width_q, torch.tensor(query_index, device=device),
-            self._slots(md, short, num_kv, block_size, device),
+        return _Batched(
+            len(rows), width_q, torch.tensor(query_index, device=device),
+            self._slots(md, rows, num_kv, block_size, device),
             self._mask(q_lens, kv_lens, width_q, num_kv, device),
             torch.tensor(keep, device=device), torch.tensor(dest, device=device))
-        return batched, singles
 
     def _slots(self, md: AttentionMetadata, rows: list[int], num_kv: int, block_size: int,
                device: torch.device) -> torch.Tensor:

@@ -18,7 +18,6 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from runtime.attention import build_attention_metadata
-from runtime.attention.torch_backend import BATCHED_QUERY_MAX
 from runtime.config import EngineConfig
 from runtime.kv.cache import compute_slot_mapping
 from runtime.loader import load_model_config, load_state_dict
@@ -30,7 +29,7 @@ BLOCK_SIZE = 4
 NUM_BLOCKS = 24
 MAX_POSITIONS = 64
 REL_TOL = 1e-4
-SEQ_LEN = 21  # > BATCHED_QUERY_MAX, so a whole prefill takes the one-sequence attention path
+SEQ_LEN = 21  # a whole prefill spans several blocks and its own length bucket (17-32)
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
@@ -174,10 +173,9 @@ def test_chunked_prefill_matches_transformers(pair: Pair) -> None:
 
 
 def test_mixed_batch_matches_transformers(pair: Pair) -> None:
-    """One forward with a decode token (A), a long prefill (B, attended alone) and a short
-    prefill chunk (C, batched with A)."""
+    """One forward with a decode token (A), a prefill (B, length bucket 17-32) and a short
+    prefill chunk (C, bucket 5-8): three padded batches in one pass."""
     a, b, c = _tokens(3), _tokens(4, 18), _tokens(5, 6)
-    assert len(b) > BATCHED_QUERY_MAX >= len(c)
     cache = PagedCache(pair.ours)
     cache.forward(Feed(a, 0, 10, TABLE_A))
     logits = cache.forward(Feed(a, 10, 1, TABLE_A), Feed(b, 0, 18, TABLE_B),
