@@ -9,6 +9,7 @@ import click
 
 from pipeline.config import JobConfig, JobError, RayConfig
 from runtime.config import DEFAULT_MODEL, EngineConfig, parse_memory_size
+from runtime.loader import default_drafter
 
 _EXIT_USER_ERROR = 2
 
@@ -23,10 +24,12 @@ def _memory_size(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 
 def _drafter(model: str, option: str) -> str | None:
-    """'none' -> None; 'auto' -> the default drafter of the default model when one ships (none
-    does yet, so None); anything else is a drafter checkpoint path."""
-    if option in ("none", "auto"):
+    """'none' -> None; 'auto' -> the drafter shipped for the model, if any; else a path."""
+    if option == "none":
         return None
+    if option == "auto":
+        shipped = default_drafter(model)
+        return None if shipped is None else str(shipped)
     return option
 
 
