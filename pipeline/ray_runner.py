@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+from ray.exceptions import RayError, RayTaskError
 
 from pipeline.atomic import write_bytes_atomically
 from pipeline.config import JobConfig, JobError, RayConfig
@@ -38,7 +38,6 @@ from runtime.config import EngineConfig
 
 MAX_ATTEMPTS = 3  # a shard whose worker died this many times fails the job (it likely kills them)
 _POLL_S = 1.0  # how often the driver asks the workers for progress
-_CLOSE_S = 10.0
 
 
 class Resources(NamedTuple):
@@ -136,15 +135,13 @@ class ShardWorker:
                  engine_factory: Callable[[EngineConfig], EngineLike]) -> None:
         from pipeline.job import build_engine, shard_context  # job imports this module lazily
 
-        self._scratch = tempfile.mkdtemp(prefix="eaglebatch-worker-")
         self._lock = threading.Lock()
         self._progress = WorkerProgress(None, 0, 0)
         self._ctx: ShardContext | None = None
         self._error: str | None = None
         try:
             engine = build_engine(engine_factory, config.engine)
-            ctx = shard_context(config, has_id_column, engine)
-            self._ctx = ctx._replace(output_dir=self._scratch)
+            self._ctx = shard_context(config, has_id_column, engine)
         except JobError as exc:  # returned by ready(), so the driver can raise it as it is
             self._error = str(exc)
 
@@ -158,19 +155,17 @@ class ShardWorker:
         with self._lock:
             self._progress = WorkerProgress(shard.shard_id, 0, 0)
         hooks = ShardHooks(self._rows_done, self._tokens_generated, _never_stop)
-        counts = run_shard(shard, self._ctx, hooks)
-        path = os.path.join(self._scratch, shard.part_name)
-        with open(path, "rb") as f:
-            part = f.read()
-        os.remove(path)
-        return ShardResult(part, counts)
+        scratch = tempfile.mkdtemp(prefix="eaglebatch-shard-")  # left behind only if killed
+        try:
+            counts = run_shard(shard, self._ctx._replace(output_dir=scratch), hooks)
+            with open(os.path.join(scratch, shard.part_name), "rb") as f:
+                return ShardResult(f.read(), counts)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def progress(self) -> WorkerProgress:
         with self._lock:
             return self._progress
-
-    def close(self) -> None:
-        shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _rows_done(self, count: int) -> None:
         with self._lock:
@@ -215,11 +210,6 @@ class _WorkerPool:
                 raise JobError(error)
 
     def close(self) -> None:
-        """Remove the workers' scratch directories, then kill them."""
-        try:
-            ray.get([w.close.remote() for w in self._workers], timeout=_CLOSE_S)
-        except (RayError, GetTimeoutError):
-            pass  # a dead or busy worker: its scratch directory only holds temp files
         for worker in self._workers:
             ray.kill(worker)
         if self._lost:
@@ -249,7 +239,7 @@ class _WorkerPool:
                 if result is None:  # the worker died: undo its progress, redo its shard
                     hooks.rows_done(-so_far.rows)
                     queue.appendleft(task._replace(worker=None, attempt=task.attempt + 1))
-                    idle.append(self._replace(task.worker))
+                    idle.insert(0, self._replace(task.worker))  # idle.pop() prefers loaded ones
                     continue
                 idle.append(task.worker)
                 hooks.rows_done(task.shard.num_rows - so_far.rows)

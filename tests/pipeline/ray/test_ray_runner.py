@@ -1,0 +1,172 @@
+"""run_job on Ray: a local Ray instance (num_cpus=2) started and shut down by this module, the real
+tiny engine in every worker. Two workers write exactly what the local runner writes; a worker
+killed mid-shard loses only that shard; a job resumes across runners both ways."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.exceptions")  # (a bare "ray" would find tests/pipeline/ray here)
+
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+from pipeline.job import JobInterrupted, run_job  # noqa: E402
+from runtime.engine import Engine  # noqa: E402
+from tests.pipeline.helpers import hidden_files, read_parts  # noqa: E402
+from tests.pipeline.ray import ray_helpers  # noqa: E402
+from tests.pipeline.ray.ray_helpers import (  # noqa: E402
+    IDS,
+    KillOnce,
+    LoggedEngines,
+    SigintDriverAt,
+    job_config,
+    parts,
+    ray_processes,
+    stats_without_timing,
+    wait_until_gone,
+    write_inputs,
+)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """Ray for this module's tests; afterwards, every process it started has exited."""
+    before = ray_processes()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    ray.cloudpickle.register_pickle_by_value(ray_helpers)  # workers need not import tests/
+    try:
+        yield
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(ray_helpers)
+        ray.shutdown()
+    assert wait_until_gone(ray_processes() - before) == set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Local runs on one torch thread, like a Ray worker that has one CPU (same float sums)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_inputs(tmp_path_factory.mktemp("ray-inputs"))
+
+
+@pytest.fixture(scope="module")
+def reference(inputs: Path, tiny_model_dir: Path, tiny_engine: Engine,
+              tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The local runner's output."""
+    out = tmp_path_factory.mktemp("ray-reference") / "out"
+    run_job(job_config(inputs, out, tiny_model_dir, workers=None), lambda c: tiny_engine,
+            progress=False)
+    return out
+
+
+def _committed(out: Path) -> list[int]:
+    return sorted(int(k) for k in json.loads((out / "manifest.json").read_text())["shards"])
+
+
+def _assert_same_output(out: Path, reference: Path) -> None:
+    assert read_parts(out).column("id").to_pylist() == IDS  # every id once, in input order
+    expected = parts(reference)
+    got = parts(out)
+    assert list(got) == list(expected) == [f"part-0000{k}.parquet" for k in range(5)]
+    for name, table in expected.items():
+        assert got[name].equals(table), name
+    assert stats_without_timing(out) == stats_without_timing(reference)
+    assert (out / "_SUCCESS").exists() and hidden_files(out) == []
+
+
+def test_two_workers_write_what_the_local_runner_writes(
+        local_ray: None, inputs: Path, reference: Path, tiny_model_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    engines = LoggedEngines(tmp_path / "engines.log")
+    out = tmp_path / "out"
+    summary = run_job(job_config(inputs, out, tiny_model_dir), engines, progress=False)
+    _assert_same_output(out, reference)
+    manifest = json.loads((out / "manifest.json").read_text())
+    expected = json.loads((reference / "manifest.json").read_text())
+    for counts in [*manifest["shards"].values(), *expected["shards"].values(),
+                   manifest["totals"], expected["totals"]]:
+        counts.pop("wall_seconds")
+    assert manifest == expected  # same config fingerprint: resumable by either runner
+    pids = engines.pids()
+    assert len(pids) == len(set(pids)) == 2  # one engine per worker, loaded once
+    assert (summary.shards_total, summary.shards_resumed, summary.shards_run,
+            summary.complete) == (5, 0, 5, True)
+    captured = capsys.readouterr()
+    assert captured.out.startswith("done: 8 rows (1 errors), ")
+    assert "ray: 2 workers (1 CPUs, 0 GPUs each)" in captured.err
+    assert wait_until_gone(pids) == set()  # the job stops its workers
+
+
+def test_a_worker_killed_mid_shard_loses_only_that_shard(
+        local_ray: None, inputs: Path, reference: Path, tiny_model_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    engines = KillOnce(tmp_path / "engines.log", tmp_path / "killed", "The sky is blue")
+    out = tmp_path / "out"
+    scratch = os.path.join(tempfile.gettempdir(), "eaglebatch-shard-*")
+    scratch_before = set(glob.glob(scratch))
+    summary = run_job(job_config(inputs, out, tiny_model_dir), engines, progress=False)
+    left = set(glob.glob(scratch)) - scratch_before
+    assert len(left) <= 1  # the killed worker's scratch directory, nothing else
+    for path in left:
+        shutil.rmtree(path)
+    assert (tmp_path / "killed").exists()
+    _assert_same_output(out, reference)
+    assert summary.complete and _committed(out) == [0, 1, 2, 3, 4]
+    pids = engines.pids()
+    # Two workers, then one to replace the dead one (killed at the end if still loading, maybe
+    # before it logged its engine).
+    assert len(pids) in (2, 3) and len(set(pids)) == len(pids)
+    err = capsys.readouterr().err
+    assert "ray: a worker died with shard 2 in flight" in err
+    assert "ray: 1 workers were lost and replaced; their shards were redone" in err
+    assert wait_until_gone(pids) == set()
+
+
+def test_a_job_resumes_across_runners_both_ways(
+        local_ray: None, inputs: Path, reference: Path, tiny_model_dir: Path,
+        tiny_engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One Ray worker is enough here (two are tested above) and starts faster.
+    # Started locally, interrupted (SIGINT) while shard 1 generates, finished on Ray.
+    out = tmp_path / "local-then-ray"
+    with pytest.raises(JobInterrupted):
+        run_job(job_config(inputs, out, tiny_model_dir, workers=None),
+                SigintDriverAt(tmp_path / "e1.log", tmp_path / "m1", "To bake bread"),
+                progress=False)
+    assert _committed(out) == [0]
+    capsys.readouterr()
+    summary = run_job(job_config(inputs, out, tiny_model_dir, workers=1),
+                      LoggedEngines(tmp_path / "e2.log"), progress=False)
+    assert "resuming: 1 of 5 shards done" in capsys.readouterr().err
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (1, 4, True)
+    _assert_same_output(out, reference)
+
+    # Started on Ray, interrupted by a worker that SIGINTs the driver during shard 2, finished
+    # by the local runner.
+    out = tmp_path / "ray-then-local"
+    ray_engines = SigintDriverAt(tmp_path / "e3.log", tmp_path / "m3", "The sky is blue")
+    with pytest.raises(JobInterrupted):
+        run_job(job_config(inputs, out, tiny_model_dir, workers=1), ray_engines, progress=False)
+    done = _committed(out)
+    assert done == [0, 1] and hidden_files(out) == []
+    assert wait_until_gone(ray_engines.pids()) == set()
+    summary = run_job(job_config(inputs, out, tiny_model_dir, workers=None),
+                      lambda c: tiny_engine, progress=False)
+    assert (summary.shards_resumed, summary.complete) == (len(done), True)
+    _assert_same_output(out, reference)
