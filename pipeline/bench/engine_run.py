@@ -68,8 +68,7 @@ class EngineVariant:
         self.k = k
         self.engine = Engine(config)
         self.bandwidth = bandwidth  # device copy bytes/s, measured on CUDA only
-        self.weight_bytes = sum(t.numel() * t.element_size()
-                                for t in self.engine.model.state_dict().values())
+        self.weight_bytes = _weight_bytes_read_per_step(self.engine.model)
         hf = self.engine.hf_config
         self.kv_bytes_per_token = (2 * hf.num_hidden_layers * hf.num_key_value_heads *
                                    head_dim_of(hf) * self.engine.placement.dtype.itemsize)
@@ -131,6 +130,16 @@ class EngineVariant:
         for c in completions:
             if c.finish_reason == "error":
                 raise JobError(f"the engine refused a benchmark request: {c.error}")
+
+
+def _weight_bytes_read_per_step(model: torch.nn.Module) -> int:
+    """Every parameter once (parameters() skips a tied lm_head), less an untied input
+    embedding, of which a step reads only the rows of its tokens."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding = model.get_parameter("model.embed_tokens.weight")
+    if model.get_parameter("lm_head.weight") is not embedding:
+        total -= embedding.numel() * embedding.element_size()
+    return total
 
 
 class _StepLog:

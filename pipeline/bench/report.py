@@ -112,6 +112,10 @@ def _throughput(summaries: dict[Key, Summary]) -> str:
              md.pct(s.acceptance.derived()["acceptance_rate"]),
              md.num(s.acceptance.derived()["mean_acceptance_length"], 2),
              md.mib(s.median("peak_rss_bytes"))] for s in summaries.values()]
+    if any(s.median("peak_gpu_bytes") for s in summaries.values()):
+        headers.append("peak GPU MiB")
+        for row, s in zip(rows, summaries.values(), strict=True):
+            row.append(md.mib(s.median("peak_gpu_bytes")))
     return "## Throughput and latency (medians of the repeats)\n\n" + md.table(headers, rows)
 
 
@@ -197,4 +201,6 @@ _DEFINITIONS = """## Definitions
   TTFT: its first generated token's time - the run's start. transformers' requests finish with
   their static batch.
 - acceptance: accepted / drafted; accept len: 1 + accepted / draft steps (tokens per
-  verification step); pos j: draft steps whose j-th draft token was accepted / draft steps."""
+  verification step); pos j: draft steps whose j-th draft token was accepted / draft steps.
+- peak RSS / GPU: the process's peak during the run; it holds every variant of the batch size
+  (and the transformers model) at once, so it is an upper bound for one variant."""
