@@ -67,18 +67,28 @@ class Engine:
         engine step with the number of tokens generated in that step."""
         pending = iter(requests)
         exhausted = False
-        while True:
-            while not exhausted and len(self.scheduler.waiting) < self.config.max_num_seqs:
-                request = next(pending, None)
-                if request is None:
-                    exhausted = True
-                elif (error := self._admission_error(request)) is not None:
-                    yield _error_completion(request, error)
-                else:
-                    self.scheduler.add(self._new_sequence(request))
-            if self.scheduler.num_unfinished == 0:
-                return
-            yield from self.step(on_step)
+        try:
+            while True:
+                while not exhausted and len(self.scheduler.waiting) < self.config.max_num_seqs:
+                    request = next(pending, None)
+                    if request is None:
+                        exhausted = True
+                    elif (error := self._admission_error(request)) is not None:
+                        yield _error_completion(request, error)
+                    else:
+                        self.scheduler.add(self._new_sequence(request))
+                if self.scheduler.num_unfinished == 0:
+                    return
+                yield from self.step(on_step)
+        finally:
+            self.abort_all()  # the caller stopped early (or raised): leave the engine reusable
+
+    def abort_all(self) -> int:
+        """Drops every unfinished request and frees its KV blocks; returns how many."""
+        unfinished = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for seq in unfinished:
+            self.scheduler.finish(seq, "abort")
+        return len(unfinished)
 
     def step(self, on_step: Callable[[int], None] | None = None) -> list[Completion]:
         out = self.scheduler.schedule()

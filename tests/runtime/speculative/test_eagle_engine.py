@@ -131,3 +131,17 @@ def test_eagle1_checkpoint_with_its_own_small_head_is_lossless(
     assert {k: c.token_ids for k, c in out.items()} == {k: c.token_ids for k, c in baseline.items()}
     # every draft token comes from the 40-token draft vocabulary
     assert sum(c.num_drafted for c in out.values()) > 0
+
+
+def test_engine_is_reusable_after_the_caller_stops_early(
+        tiny_model_dir: Path, prompts: list[list[int]], baseline: dict[str, Completion]) -> None:
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20))
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)]
+    stream = engine.generate(requests)
+    next(stream)
+    stream.close()  # abandon the rest mid-flight
+    assert engine.scheduler.num_unfinished == 0
+    assert engine.kv.num_free_blocks == engine.kv_cache_config.num_blocks - 1
+    again = {c.request_id: c.token_ids for c in engine.generate(requests)}
+    assert again == {k: c.token_ids for k, c in baseline.items()}
