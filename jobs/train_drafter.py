@@ -47,10 +47,12 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--style", default="eagle1", show_default=True,
               type=click.Choice(["eagle1", "eagle3"]))
 @click.option("--num-speculative-tokens", default=3, show_default=True, type=click.IntRange(1),
-              help="k: draft steps unrolled in training and used in the evaluation.")
+              help="k: draft tokens per step in the evaluation (and unrolled in training).")
 @click.option("--draft-vocab-size", default=None, type=click.IntRange(1),
               help="EAGLE-3: draft vocabulary (most frequent answer tokens); EAGLE-1: the "
                    "vocabulary of the token loss. Default min(8192, vocab).")
+@click.option("--unroll", default=None, type=click.IntRange(1),
+              help="Draft steps unrolled in training (training-time test); default k.")
 @click.option("--max-steps", default=None, type=click.IntRange(1))
 @click.option("--time-budget", default=None, help="Training time, e.g. 45m (with or instead of "
               "--max-steps; training stops at whichever comes first).")
@@ -59,6 +61,7 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--max-train-prompts", default=None, type=click.IntRange(1),
               help="Use only the first N training prompts.")
 @click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(0, min_open=True))
+@click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(0))
 @click.option("--batch-tokens", default=4096, show_default=True, type=click.IntRange(64))
 @click.option("--bf16-autocast/--no-bf16-autocast", default=False, show_default=True,
               help="Train under bf16 autocast (faster on CPUs with AMX/AVX512-BF16).")
@@ -67,17 +70,17 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--num-eval", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--eval-max-tokens", default=128, show_default=True, type=click.IntRange(1))
 def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, style: str,
-                  num_speculative_tokens: int, draft_vocab_size: int | None,
+                  num_speculative_tokens: int, draft_vocab_size: int | None, unroll: int | None,
                   max_steps: int | None, time_budget: str | None, resume: bool,
                   max_answer_tokens: int, max_train_prompts: int | None, lr: float,
-                  batch_tokens: int, bf16_autocast: bool, eval_prompts: Path | None,
+                  warmup_steps: int, batch_tokens: int, bf16_autocast: bool, eval_prompts: Path | None,
                   num_eval: int, eval_max_tokens: int) -> None:
     """Train an EAGLE drafter for MODEL on its own answers to PROMPTS; write it to OUT."""
     if max_steps is None and time_budget is None:
         raise click.UsageError("give --max-steps or --time-budget")
     ids, prompts = read_prompts(prompts_path, max_train_prompts)
     evals = read_prompts(eval_prompts, num_eval)[1] if eval_prompts is not None else ()
-    train = TrainConfig(num_steps=num_speculative_tokens, lr=lr, max_steps=max_steps,
+    train = TrainConfig(num_steps=unroll or num_speculative_tokens, lr=lr, warmup_steps=warmup_steps, max_steps=max_steps,
                         time_budget_s=parse_duration(time_budget) if time_budget else None,
                         batch_tokens=batch_tokens, autocast_bf16=bf16_autocast)
     run_train_drafter(TrainDrafterJob(

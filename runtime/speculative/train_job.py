@@ -130,16 +130,19 @@ def build_drafter(target: CausalLM, job: TrainDrafterJob, vocab: torch.Tensor) -
     return drafter
 
 
-def init_from_target(drafter: EagleDrafter, target: CausalLM) -> None:
-    """Draft layer i starts as target layer L - N + i; EAGLE-1's fc starts as [small | I] so the
-    first layer's input is the target feature plus a little of the next token's embedding."""
+def init_from_target(drafter: EagleDrafter, target: CausalLM, out_scale: float = 0.05) -> None:
+    """Draft layer i starts as target layer L - N + i, its output projections (o_proj, down_proj)
+    scaled by out_scale: the target's layers write into a residual stream far larger than the
+    normed feature the drafter works in. EAGLE-1's fc starts as [0.1 W | I], so the drafter
+    starts close to "the next feature is this one" plus a little of the next token."""
     n, layers = len(drafter.layers), target.model.layers
     with torch.no_grad():
         for i, layer in enumerate(drafter.layers):
             source = layers[len(layers) - n + i].state_dict()
             mine = layer.state_dict()
-            layer.load_state_dict({k: v for k, v in source.items()
-                                   if k in mine and mine[k].shape == v.shape}, strict=False)
+            scaled = {k: v * out_scale if k.endswith(("o_proj.weight", "down_proj.weight")) else v
+                      for k, v in source.items() if k in mine and mine[k].shape == v.shape}
+            layer.load_state_dict(scaled, strict=False)
         if drafter.style == "eagle1":
             h = drafter.fc.weight.shape[0]
             drafter.fc.weight[:, :h].mul_(0.1)

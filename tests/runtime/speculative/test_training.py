@@ -96,7 +96,7 @@ def test_a_few_steps_lower_the_loss(tiny_model_dir: Path, tmp_path: Path) -> Non
         trainer.train_step(batch)
     with torch.no_grad():
         after = float(trainer.loss(batch)[0])
-    assert after < 0.7 * before
+    assert after < 0.8 * before
 
 
 def _greedy(model_dir: Path, drafter: Path | None) -> list[tuple[int, ...]]:
