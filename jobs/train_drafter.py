@@ -73,14 +73,15 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                   num_speculative_tokens: int, draft_vocab_size: int | None, unroll: int | None,
                   max_steps: int | None, time_budget: str | None, resume: bool,
                   max_answer_tokens: int, max_train_prompts: int | None, lr: float,
-                  warmup_steps: int, batch_tokens: int, bf16_autocast: bool, eval_prompts: Path | None,
-                  num_eval: int, eval_max_tokens: int) -> None:
+                  warmup_steps: int, batch_tokens: int, bf16_autocast: bool,
+                  eval_prompts: Path | None, num_eval: int, eval_max_tokens: int) -> None:
     """Train an EAGLE drafter for MODEL on its own answers to PROMPTS; write it to OUT."""
     if max_steps is None and time_budget is None:
         raise click.UsageError("give --max-steps or --time-budget")
     ids, prompts = read_prompts(prompts_path, max_train_prompts)
     evals = read_prompts(eval_prompts, num_eval)[1] if eval_prompts is not None else ()
-    train = TrainConfig(num_steps=unroll or num_speculative_tokens, lr=lr, warmup_steps=warmup_steps, max_steps=max_steps,
+    train = TrainConfig(num_steps=unroll or num_speculative_tokens, lr=lr,
+                        warmup_steps=warmup_steps, max_steps=max_steps,
                         time_budget_s=parse_duration(time_budget) if time_budget else None,
                         batch_tokens=batch_tokens, autocast_bf16=bf16_autocast)
     run_train_drafter(TrainDrafterJob(
