@@ -43,6 +43,7 @@ class RotaryEmbedding(nn.Module):
             emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)  # [max_pos, head_dim]
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)  # [max_pos, head_dim]
+        self._last: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def forward(
         self,
@@ -50,9 +51,19 @@ class RotaryEmbedding(nn.Module):
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cos, sin = self._lookup(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def _lookup(self, positions: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for positions, [num_tokens, 1, head_dim] each. Every layer of a forward
+        pass gets the same positions tensor, so the rows are looked up once per pass."""
+        key = (positions, dtype)
+        if self._last is None or self._last[0] is not positions or self._last[1] != dtype:
+            cos = self.cos[positions].unsqueeze(1).to(dtype)
+            sin = self.sin[positions].unsqueeze(1).to(dtype)
+            self._last = (*key, cos, sin)
+        return self._last[2], self._last[3]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
