@@ -24,7 +24,7 @@ from runtime.scheduler import SchedulerOutput
 class SampleRow(NamedTuple):
     """One request that samples this step."""
 
-    index: int  # position in SchedulerOutput.scheduled
+    seq_index: int  # position in SchedulerOutput.scheduled
     logits_rows: list[int]  # flat token indices whose logits verify drafts + give the next token
     draft_token_ids: list[int]  # drafts fed this step (len(logits_rows) - 1)
 

@@ -150,7 +150,8 @@ class CausalLM(nn.Module):
 
     @property
     def layer_names(self) -> list[str]:
-        return [layer.self_attn.layer_name for layer in self.model.layers]
+        return [layer.self_attn.layer_name  # type: ignore[union-attr,misc]
+                for layer in self.model.layers]
 
     def forward(
         self,

@@ -55,8 +55,8 @@ class ModelRunner:
         if step.sample_rows:
             tokens = self._sample(out, step, hidden)  # the step's one host sync
             for row, toks in zip(step.sample_rows, tokens):
-                emitted[row.index] = toks
-                num_verified[row.index] = len(row.draft_token_ids)
+                emitted[row.seq_index] = toks
+                num_verified[row.seq_index] = len(row.draft_token_ids)
         drafts: list[list[int]] = [[] for _ in out.scheduled]
         if self.proposer is not None:
             features = torch.cat(aux, dim=-1) if aux else hidden
@@ -72,7 +72,7 @@ class ModelRunner:
                  for r in rows]
         flat = torch.tensor(index, device=self.device).view(-1)
         logits = self.model.compute_logits(hidden.index_select(0, flat))
-        seqs = [out.scheduled[r.index].seq for r in rows]
+        seqs = [out.scheduled[r.seq_index].seq for r in rows]
         drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)

@@ -34,6 +34,9 @@ def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.
 
 
 class RotaryEmbedding(nn.Module):
+    cos: torch.Tensor  # [max_positions, head_dim]
+    sin: torch.Tensor  # [max_positions, head_dim]
+
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         with torch.device("cpu"):  # computed, never loaded: also when built under "meta"

@@ -30,11 +30,10 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
                            fc_bias="fc.bias" in ckpt.state_dict, windows=windows,
                            own_head="lm_head.weight" in ckpt.state_dict)
     if drafter.own_head and "norm.weight" not in ckpt.state_dict:
-        drafter.norm = torch.nn.Identity()  # a head applied straight to the output (vLLM layout)
+        drafter.norm = torch.nn.Identity()  # type: ignore[assignment]  # a head applied straight to the output (vLLM layout)
     load_drafter_weights(drafter, ckpt.state_dict, config.drafter)
     drafter.rope = RotaryEmbedding(ckpt.config, head_dim_of(ckpt.config), max_positions)
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
-    drafter.rope.to(device=p.device)
     specs = {name: AttentionSpec(p.block_size, ckpt.config.num_key_value_heads,
                                  head_dim_of(ckpt.config), p.dtype.itemsize, window)
              for name, window in zip(names, windows)}
