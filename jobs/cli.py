@@ -108,8 +108,9 @@ def main() -> None:
 @click.option("--num-workers", default=None, type=click.IntRange(1),
               help="Ray workers (engines) [default: one per GPU for GPU workers, else 1].")
 @click.option("--ray-address", default=None,
-              help="Ray cluster to join: 'auto' or HOST:PORT [default: start a local Ray "
-                   "instance sized to this machine].")
+              help="Ray cluster to join: HOST:PORT, or 'auto' for the one in RAY_ADDRESS or "
+                   "started by `ray start` on this machine [default: start a local Ray instance "
+                   "sized to this machine, stopped when the job ends].")
 @click.option("--gpus-per-worker", default=None, type=click.FloatRange(0),
               help="GPUs each Ray worker reserves, e.g. 1 or 0.5 [default: 1 when the cluster "
                    "has GPUs and --device is not cpu, else 0; CPU workers share the CPUs].")

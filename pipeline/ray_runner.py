@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -30,6 +31,7 @@ from ray.exceptions import RayError, RayTaskError
 
 from pipeline.atomic import write_bytes_atomically
 from pipeline.config import JobConfig, JobError, RayConfig
+from pipeline.job import RunShards, build_engine, shard_context
 from pipeline.shard import ShardContext, ShardHooks, run_shard
 from pipeline.sources import InputPlan, Shard
 from pipeline.stages.generate import EngineLike
@@ -38,6 +40,7 @@ from runtime.config import EngineConfig
 
 MAX_ATTEMPTS = 3  # a shard whose worker died this many times fails the job (it likely kills them)
 _POLL_S = 1.0  # how often the driver asks the workers for progress
+_CONNECT_S = 10.0
 
 
 class Resources(NamedTuple):
@@ -48,8 +51,7 @@ class Resources(NamedTuple):
 
 @contextmanager
 def ray_runner(config: JobConfig, plan: InputPlan,
-               engine_factory: Callable[[EngineConfig], EngineLike]
-               ) -> Iterator[Callable[[list[Shard], ShardHooks], Iterator[tuple[int, Counts]]]]:
+               engine_factory: Callable[[EngineConfig], EngineLike]) -> Iterator[RunShards]:
     """Connect to (or start) Ray, start the workers and wait for their engines; yield the function
     that runs shards on them. Workers are killed, and a Ray instance started here shut down, on
     exit. Raises JobError before anything is generated when Ray or an engine cannot start."""
@@ -92,25 +94,40 @@ def plan_resources(options: RayConfig, device: str, cluster: dict[str, float],
 
 @contextmanager
 def _connected(options: RayConfig) -> Iterator[None]:
-    """Use the Ray this process is already connected to; else join options.address, or start a
-    local instance sized to this machine when there is none. Disconnect (and so stop a local
-    instance) only if the connection was made here."""
+    """Use the Ray this process is already connected to; else join options.address ("auto": the
+    RAY_ADDRESS cluster or the one `ray start` runs here), or start a fresh local instance sized to
+    this machine when there is none. Disconnect (and so stop a local instance) only if the
+    connection was made here."""
     if ray.is_initialized():
         yield
         return
+    if options.address is not None:
+        _check_reachable(options.address)
     try:
         if options.address is None:
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
         else:
             ray.init(address=options.address, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = options.address or "a local instance"
+        where = "a local instance" if options.address is None else repr(options.address)
         raise JobError(f"--ray-address: cannot connect to {where} "
                        f"({' '.join(str(exc).split())})") from None
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a HOST:PORT where nothing listens (ray.init would retry for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return  # "auto", ray://..., or a form Ray itself will judge
+    try:
+        socket.create_connection((host, int(port)), timeout=_CONNECT_S).close()
+    except OSError as exc:
+        raise JobError(f"--ray-address {address}: nothing answers there ({exc}); is the cluster "
+                       f"up (ray start --head)?") from None
 
 
 def _largest_node_cpus() -> float:
@@ -133,8 +150,6 @@ class ShardWorker:
 
     def __init__(self, config: JobConfig, has_id_column: bool,
                  engine_factory: Callable[[EngineConfig], EngineLike]) -> None:
-        from pipeline.job import build_engine, shard_context  # job imports this module lazily
-
         self._lock = threading.Lock()
         self._progress = WorkerProgress(None, 0, 0)
         self._ctx: ShardContext | None = None

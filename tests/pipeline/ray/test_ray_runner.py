@@ -20,6 +20,7 @@ pytest.importorskip("ray.exceptions")  # (a bare "ray" would find tests/pipeline
 import ray  # noqa: E402
 import torch  # noqa: E402
 
+from pipeline.config import JobError  # noqa: E402
 from pipeline.job import JobInterrupted, run_job  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 from tests.pipeline.helpers import hidden_files, read_parts  # noqa: E402
@@ -170,3 +171,12 @@ def test_a_job_resumes_across_runners_both_ways(
                       lambda c: tiny_engine, progress=False)
     assert (summary.shards_resumed, summary.complete) == (len(done), True)
     _assert_same_output(out, reference)
+
+
+def test_a_model_the_workers_cannot_load_is_refused_before_anything_is_written(
+        local_ray: None, inputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = job_config(inputs, out, tmp_path / "no-such-model", workers=1)
+    with pytest.raises(JobError, match=r"^cannot load --model .*no-such-model: "):
+        run_job(config, progress=False)
+    assert os.listdir(out) == [".eaglebatch.lock"]
