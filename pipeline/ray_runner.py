@@ -20,6 +20,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -239,13 +240,16 @@ class _WorkerPool:
         idle = list(self._workers)
         busy: dict[Any, _Task] = {}  # ObjectRef of run() -> its task
         seen: dict[int, WorkerProgress] = {}  # shard id -> progress reported so far
+        polled = time.monotonic()
         while queue or busy:
             while idle and queue:
                 task = queue.popleft()._replace(worker=idle.pop())
                 busy[task.worker.run.remote(task.shard)] = task
                 seen[task.shard.shard_id] = WorkerProgress(task.shard.shard_id, 0, 0)
             done, _ = ray.wait(list(busy), num_returns=1, timeout=_POLL_S)
-            self._report_progress(list(busy.values()), seen, hooks)
+            if time.monotonic() - polled >= _POLL_S:
+                self._report_progress(list(busy.values()), seen, hooks)
+                polled = time.monotonic()
             hooks.check_stop()
             for ref in done:
                 task = busy.pop(ref)
