@@ -4,7 +4,7 @@ Builds the default model and random-weight drafters of its shape (acceptance is 
 then times, interleaved in one process: a target forward over one token per request, and one
 later draft step (one token per request through every draft layer plus the draft head).
 
-    python benchmarks/draft_step_cost.py --batch-sizes 1,16 --layers 1,2,4 --repeats 20
+    PYTHONPATH=. python benchmarks/draft_step_cost.py --batch-sizes 1,16 --layers 1,2,4
 """
 
 from __future__ import annotations
