@@ -110,7 +110,7 @@ def feature_layers(style: str, aux_layer_ids: tuple[int, ...]) -> tuple[int, ...
 
 
 @torch.inference_mode()
-def compute_features(model: torch.nn.Module, rows: Sequence[dict[str, Any]],
+def compute_features(model: Any, rows: Sequence[dict[str, Any]],
                      layers: tuple[int, ...], batch_tokens: int = 2048) -> PackedShard:
     """Teacher-forced pass of an HF causal LM over prompt+answer for each row, packed."""
     seqs = [r["prompt_ids"] + r["answer_ids"] for r in rows]
