@@ -37,8 +37,9 @@ class _Batched(NamedTuple):
     num_rows: int
     width_q: int
     query_index: torch.Tensor  # [num_rows * width_q] token index of each padded query slot
-    slots: torch.Tensor  # [num_rows, num_kv] flat cache slots of each row's keys
-    mask: torch.Tensor  # [num_rows, 1, width_q, num_kv] bool
+    blocks: torch.Tensor  # [num_rows * num_blocks] each row's block table, 0-padded
+    num_blocks: int  # blocks gathered per row: keys 0 .. num_blocks * block_size - 1
+    mask: torch.Tensor  # [num_rows, 1, width_q, num_blocks * block_size] bool
     keep: torch.Tensor  # [num_short_tokens] padded rows that hold real tokens
     dest: torch.Tensor  # [num_short_tokens] their token index in the step
 
@@ -59,24 +60,27 @@ class TorchAttentionBackend:
         md: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         write_kv(kv_cache, key, value, md.slot_mapping)
-        _, num_blocks, block_size, heads, dim = kv_cache.shape
-        flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
+        block_size = kv_cache.shape[2]
         out = torch.empty_like(query)
         for batched in self._plan(md, block_size, query.device):
             q = query.index_select(0, batched.query_index)
             q = q.view(batched.num_rows, batched.width_q, *query.shape[1:]).transpose(1, 2)
-            o = self._attend(q, flat, batched.slots, batched.mask)
+            o = self._attend(q, kv_cache, batched)
             o = o.transpose(1, 2).reshape(-1, *query.shape[1:])
             out.index_copy_(0, batched.dest, o.index_select(0, batched.keep))
         return out
 
-    def _attend(self, q: torch.Tensor, flat: torch.Tensor, slots: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
-        """q [b, heads, width_q, d]; keys at slots [b, num_kv] -> [b, heads, width_q, d]."""
-        b, n = slots.shape
-        kv = flat[:, slots.view(-1)].view(2, b, n, *flat.shape[2:]).transpose(2, 3)
-        return F.scaled_dot_product_attention(q, kv[0].to(q.dtype), kv[1].to(q.dtype),
-                                              attn_mask=mask, scale=self.scale, enable_gqa=True)
+    def _attend(self, q: torch.Tensor, kv_cache: torch.Tensor, b: _Batched) -> torch.Tensor:
+        """q [rows, heads, width_q, d] -> [rows, heads, width_q, d], over whole blocks gathered
+        with one index_select per K and V (rows of block_size * kv_heads * d contiguous floats;
+        much cheaper than gathering single slots)."""
+        _, num_blocks, block_size, heads, dim = kv_cache.shape
+        shape = (b.num_rows, b.num_blocks * block_size, heads, dim)
+        k = kv_cache[0].view(num_blocks, -1).index_select(0, b.blocks).view(shape)
+        v = kv_cache[1].view(num_blocks, -1).index_select(0, b.blocks).view(shape)
+        return F.scaled_dot_product_attention(
+            q, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), attn_mask=b.mask,
+            scale=self.scale, enable_gqa=True)
 
     def _plan(self, md: AttentionMetadata, block_size: int, device: torch.device
               ) -> list[_Batched]:
@@ -101,20 +105,12 @@ class TorchAttentionBackend:
         query_index = [s + min(j, n - 1) for s, n in zip(starts, q_lens) for j in range(width_q)]
         keep = [r * width_q + j for r, n in enumerate(q_lens) for j in range(n)]
         dest = [s + j for s, n in zip(starts, q_lens) for j in range(n)]
+        num_blocks = -(-num_kv // block_size)
+        blocks = md.block_table[rows][:, :num_blocks].long().reshape(-1)
         return _Batched(
-            len(rows), width_q, torch.tensor(query_index, device=device),
-            self._slots(md, rows, num_kv, block_size, device),
-            self._mask(q_lens, kv_lens, width_q, num_kv, device),
+            len(rows), width_q, torch.tensor(query_index, device=device), blocks, num_blocks,
+            self._mask(q_lens, kv_lens, width_q, num_blocks * block_size, device),
             torch.tensor(keep, device=device), torch.tensor(dest, device=device))
-
-    def _slots(self, md: AttentionMetadata, rows: list[int], num_kv: int, block_size: int,
-               device: torch.device) -> torch.Tensor:
-        """[len(rows), num_kv] flat cache slot of key j of each row (block table lookup).
-        Example, block_size 4, table [7, 2]: keys 0..5 -> slots [28, 29, 30, 31, 8, 9]."""
-        j = torch.arange(num_kv, device=device)
-        table = md.block_table[rows].long()  # [rows, max_blocks]
-        blocks = table[:, (j // block_size).clamp(max=table.shape[1] - 1)]
-        return blocks * block_size + j % block_size
 
     def _mask(self, q_lens: list[int], kv_lens: list[int], width_q: int, width_kv: int,
               device: torch.device) -> torch.Tensor:
