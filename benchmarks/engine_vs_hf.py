@@ -60,11 +60,11 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> list[lis
 
 
 def run_engine(model_dir: Path, prompts: list[list[int]], max_tokens: int, batch_size: int,
-               kv_cache_memory: int | None) -> tuple[int, float]:
+               kv_cache_memory: int | None, honour_eos: bool) -> tuple[int, float]:
     """(generated tokens, seconds) for all prompts through one engine with max_num_seqs=B."""
     engine = Engine(EngineConfig(model=str(model_dir), device="cpu", dtype="float32",
                                  max_num_seqs=batch_size, kv_cache_memory=kv_cache_memory))
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=not honour_eos)
     warmup = [GenerationRequest("warmup", tuple(prompts[0]), SamplingParams(max_tokens=4))]
     list(engine.generate(warmup))
     requests = (GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts))
@@ -74,7 +74,7 @@ def run_engine(model_dir: Path, prompts: list[list[int]], max_tokens: int, batch
 
 
 def run_transformers(model: torch.nn.Module, pad_id: int, prompts: list[list[int]],
-                     max_tokens: int, batch_size: int) -> tuple[int, float]:
+                     max_tokens: int, batch_size: int, eos_id: int | None) -> tuple[int, float]:
     """(generated tokens, seconds) for static, left-padded batches of B prompts in order."""
     model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False)  # warm up
     tokens = 0
@@ -86,9 +86,14 @@ def run_transformers(model: torch.nn.Module, pad_id: int, prompts: list[list[int
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():
             out = model.generate(input_ids, attention_mask=mask, max_new_tokens=max_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=pad_id)
-        tokens += (out.shape[1] - width) * len(batch)
+                                 do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id)
+        tokens += sum(_useful_tokens(row, eos_id) for row in out[:, width:].tolist())
     return tokens, time.perf_counter() - start
+
+
+def _useful_tokens(row: list[int], eos_id: int | None) -> int:
+    """Generated tokens up to and including the first EOS (padding after it is not output)."""
+    return row.index(eos_id) + 1 if eos_id is not None and eos_id in row else len(row)
 
 
 def main() -> None:
@@ -102,6 +107,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for both sides (default: torch's choice)")
     parser.add_argument("--kv-cache-memory", default=None, help="engine KV cache, e.g. 1GiB")
+    parser.add_argument("--honour-eos", action="store_true",
+                        help="stop each request at EOS on both sides (continuous batching "
+                             "refills finished slots; static batches run to their longest "
+                             "member); tokens/s counts only tokens up to EOS")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -115,18 +124,19 @@ def main() -> None:
     print(f"model {args.model}, fp32, cpu, {torch.get_num_threads()} threads; "
           f"{len(prompts)} prompts of {lengths[0]}..{lengths[-1]} tokens "
           f"(median {lengths[len(lengths) // 2]}), {args.max_tokens} new tokens, greedy, "
-          "EOS ignored", flush=True)
+          f"EOS {'honoured' if args.honour_eos else 'ignored'}", flush=True)
     hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     rows = []
     for batch_size in batch_sizes:
         engine_tokens, engine_s = run_engine(model_dir, prompts, args.max_tokens, batch_size,
-                                             kv_memory)
+                                             kv_memory, args.honour_eos)
         print(f"  engine       B={batch_size}: {engine_tokens} tokens in {engine_s:.1f} s",
               flush=True)
+        eos_id = tokenizer.eos_token_id if args.honour_eos else None
         hf_tokens, hf_s = run_transformers(hf_model, pad_id, prompts, args.max_tokens,
-                                           batch_size)
+                                           batch_size, eos_id)
         print(f"  transformers B={batch_size}: {hf_tokens} tokens in {hf_s:.1f} s", flush=True)
         rows.append((batch_size, engine_tokens / engine_s, hf_tokens / hf_s))
 
