@@ -156,3 +156,7 @@ from jobs.bench import bench, report  # noqa: E402  (registered once main exists
 
 main.add_command(bench)
 main.add_command(report)
+
+from jobs.train_drafter import train_drafter  # noqa: E402
+
+main.add_command(train_drafter)
