@@ -7,9 +7,10 @@ from typing import Any
 
 import click
 
+from jobs.options import memory_size
 from pipeline.bench.config import BASELINES, BenchConfig, ReportConfig, parse_int_list
 from pipeline.config import JobError
-from runtime.config import DEFAULT_MODEL, parse_memory_size
+from runtime.config import DEFAULT_MODEL
 
 _EXIT_USER_ERROR = 2
 
@@ -21,13 +22,6 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
         raise click.BadParameter(str(exc)) from None
 
 
-def _memory_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_memory_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @click.command()
@@ -62,7 +56,7 @@ def _memory_size(ctx: click.Context, param: click.Parameter, value: str | None) 
               type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--device", default="auto", show_default=True,
               type=click.Choice(["auto", "cpu", "cuda"]))
-@click.option("--kv-cache-memory", default=None, callback=_memory_size,
+@click.option("--kv-cache-memory", default=None, callback=memory_size,
               help="KV cache per engine, e.g. 2GiB (default: enough for the whole batch).")
 @click.option("--max-num-batched-tokens", default=2048, show_default=True,
               type=click.IntRange(1), help="Token budget of one engine step.")

@@ -7,20 +7,14 @@ from typing import Any
 
 import click
 
+from jobs.options import memory_size
 from pipeline.config import JobConfig, JobError, RayConfig
-from runtime.config import DEFAULT_MODEL, EngineConfig, parse_memory_size
+from runtime.config import DEFAULT_MODEL, EngineConfig
 from runtime.loader import default_drafter
 
 _EXIT_USER_ERROR = 2
 
 
-def _memory_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_memory_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 def _drafter(model: str, option: str) -> str | None:
@@ -88,7 +82,7 @@ def main() -> None:
 @click.option("--device", default="auto", show_default=True,
               type=click.Choice(["auto", "cpu", "cuda"]),
               help="Where the model runs; auto picks cuda when available.")
-@click.option("--kv-cache-memory", default=None, callback=_memory_size,
+@click.option("--kv-cache-memory", default=None, callback=memory_size,
               help="Memory for the paged KV cache, e.g. 2GiB or 512MiB (default: 1 GiB on CPU, "
                    "a fraction of free memory on GPU).")
 @click.option("--max-num-batched-tokens", default=EngineConfig.max_num_batched_tokens,

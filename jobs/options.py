@@ -1,0 +1,17 @@
+"""Click parameter callbacks shared by the commands."""
+
+from __future__ import annotations
+
+import click
+
+from runtime.config import parse_memory_size
+
+
+def memory_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """'2GiB' -> bytes, as a Click callback; None stays None."""
+    if value is None:
+        return None
+    try:
+        return parse_memory_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
