@@ -60,7 +60,9 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(in_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(in_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(in_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        # Llama's attention_bias covers o_proj too; Qwen2 has biases on q/k/v only
+        o_bias = bool(getattr(config, "attention_bias", False)) and config.model_type != "qwen2"
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias)
         self.backend: AttentionBackend = make_backend(backend_name, self.head_dim**-0.5,
                                                       sliding_window)
 
@@ -85,9 +87,10 @@ class MLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

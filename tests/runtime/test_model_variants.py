@@ -1,0 +1,37 @@
+"""Llama variants whose configs switch on extra parameters: attention_bias (q/k/v/o) and mlp_bias."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.request import GenerationRequest
+from tests.fixtures import make_tiny_tokenizer
+
+
+def test_llama_with_attention_and_mlp_biases_matches_transformers(tmp_path: Path) -> None:
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         attention_bias=True, mlp_bias=True, initializer_range=0.1,
+                         max_position_embeddings=256)
+    torch.manual_seed(0)
+    reference = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.1)  # non-zero, so a dropped bias changes the tokens
+    reference.save_pretrained(tmp_path)
+    make_tiny_tokenizer(tmp_path)
+    engine = Engine(EngineConfig(model=str(tmp_path), block_size=4, kv_cache_memory=1 << 20))
+    prompt = [5, 9, 33, 12, 80, 7]
+    request = GenerationRequest("a", tuple(prompt), SamplingParams(max_tokens=12, ignore_eos=True))
+    ours = next(iter(engine.generate([request]))).token_ids
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert list(ours) == expected
+    assert engine.model.model.layers[0].mlp.down_proj.bias is not None
+    assert engine.model.model.layers[0].self_attn.o_proj.bias is not None
