@@ -79,7 +79,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.attention_backend not in ("auto", "torch", "flash"):

@@ -132,7 +132,8 @@ class Engine:
         finished: list[Completion] = []
         generated = 0
         for (seq, start, n), emitted, verified, drafts in zip(
-                out.scheduled, result.emitted, result.num_drafts_verified, result.drafts):
+                out.scheduled, result.emitted, result.num_drafts_verified, result.drafts,
+                strict=True):
             if emitted is None:  # a prefill chunk that did not reach the end of the prompt
                 seq.num_computed_tokens = start + n
                 continue

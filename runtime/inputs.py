@@ -45,7 +45,7 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
     query_lens: list[int] = []
     seq_lens: list[int] = []
     sample_rows: list[SampleRow] = []
-    for i, (sched, table) in enumerate(zip(out.scheduled, block_tables)):
+    for i, (sched, table) in enumerate(zip(out.scheduled, block_tables, strict=True)):
         seq, start, n = sched
         offset = len(input_ids)
         tokens = seq.token_ids + seq.draft_token_ids

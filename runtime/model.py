@@ -176,7 +176,7 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copies a Hugging Face state dict in; names that do not belong to the model are an error."""
+        """Copies a Hugging Face state dict in; a name the model lacks is an error."""
         params = dict(self.named_parameters())
         missing = set(params) - set(state_dict)
         if getattr(self.config, "tie_word_embeddings", False):

@@ -54,7 +54,7 @@ class ModelRunner:
         num_verified = [0] * len(out.scheduled)
         if step.sample_rows:
             tokens = self._sample(out, step, hidden)  # the step's one host sync
-            for row, toks in zip(step.sample_rows, tokens):
+            for row, toks in zip(step.sample_rows, tokens, strict=True):
                 emitted[row.seq_index] = toks
                 num_verified[row.seq_index] = len(row.draft_token_ids)
         drafts: list[list[int]] = [[] for _ in out.scheduled]

@@ -24,7 +24,7 @@ def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.
     """([head_dim // 2] float32 inverse frequencies, attention scaling)."""
     rope_type = rope_parameters(config)["rope_type"]
     if rope_type == "dynamic":
-        raise ValueError("rope_type 'dynamic' is not supported (its frequencies change with length)")
+        raise ValueError("rope_type 'dynamic' is not supported (frequencies change with length)")
     if rope_type == "default":
         theta = rope_parameters(config).get("rope_theta", getattr(config, "rope_theta", 10000.0))
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim

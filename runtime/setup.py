@@ -65,7 +65,7 @@ def attention_specs(hf_config: PretrainedConfig, names: list[str], block_size: i
                     dtype: torch.dtype, window_of: list[int | None]) -> dict[str, AttentionSpec]:
     return {name: AttentionSpec(block_size, hf_config.num_key_value_heads, head_dim_of(hf_config),
                                 dtype.itemsize, window)
-            for name, window in zip(names, window_of)}
+            for name, window in zip(names, window_of, strict=True)}
 
 
 def target_specs(hf_config: PretrainedConfig, model: CausalLM, p: Placement,

@@ -102,9 +102,10 @@ class TorchAttentionBackend:
         kv_lens = [md.seq_lens_host[i] for i in rows]
         width_q, num_kv = max(q_lens), max(kv_lens)
         starts = [md.query_starts[i] for i in rows]
-        query_index = [s + min(j, n - 1) for s, n in zip(starts, q_lens) for j in range(width_q)]
+        query_index = [s + min(j, n - 1)
+                       for s, n in zip(starts, q_lens, strict=True) for j in range(width_q)]
         keep = [r * width_q + j for r, n in enumerate(q_lens) for j in range(n)]
-        dest = [s + j for s, n in zip(starts, q_lens) for j in range(n)]
+        dest = [s + j for s, n in zip(starts, q_lens, strict=True) for j in range(n)]
         num_blocks = -(-num_kv // block_size)
         blocks = md.block_table[rows][:, :num_blocks].long().reshape(-1)
         return _Batched(
@@ -118,7 +119,7 @@ class TorchAttentionBackend:
         kv_len - q_len + i and sees keys 0..that position (within the window, if any)."""
         qi = torch.arange(width_q, device=device).view(1, -1, 1)
         kj = torch.arange(width_kv, device=device).view(1, 1, -1)
-        offset = torch.tensor([k - q for q, k in zip(q_lens, kv_lens)], device=device)
+        offset = torch.tensor([k - q for q, k in zip(q_lens, kv_lens, strict=True)], device=device)
         qpos = offset.view(-1, 1, 1) + qi
         mask = kj <= qpos
         if self.sliding_window is not None:

@@ -109,7 +109,8 @@ def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: s
         raise mismatch("hidden_size", config.hidden_size, target.hidden_size)
     if head_dim_of(config) != head_dim_of(target):
         raise mismatch("head_dim", head_dim_of(config), head_dim_of(target))
-    if style == "eagle1" and "lm_head.weight" not in state and config.vocab_size != target.vocab_size:
+    shares_head = style == "eagle1" and "lm_head.weight" not in state
+    if shares_head and config.vocab_size != target.vocab_size:
         raise mismatch("vocab_size", config.vocab_size, target.vocab_size)
     if style == "eagle3" or "lm_head.weight" in state:
         d2t = state.get("d2t")

@@ -64,8 +64,8 @@ class EagleProposer:
                 emitted: list[list[int] | None], verified: list[int]) -> list[list[int]]:
         rows = self._first_step_rows(step, out, emitted, verified)
         tables = step.block_tables
-        seq_lens = [s.start + n for s, n in zip(out.scheduled, rows.query_lens)]
-        slots = [slot for s, n, t in zip(out.scheduled, rows.query_lens, tables)
+        seq_lens = [s.start + n for s, n in zip(out.scheduled, rows.query_lens, strict=True)]
+        slots = [slot for s, n, t in zip(out.scheduled, rows.query_lens, tables, strict=True)
                  for slot in compute_slot_mapping(t, range(s.start, s.start + n), self.block_size)]
         md = build_attention_metadata(rows.query_lens, seq_lens, tables, slots, self.device)
         feats = features.index_select(0, torch.tensor(rows.feature_rows, device=self.device))
@@ -84,14 +84,14 @@ class EagleProposer:
             positions = [p + 1 for p in positions]
             lens = [n + 1 for n in lens]
             slots = [compute_slot_mapping(t, [p], self.block_size)[0]
-                     for t, p in zip(sampling_tables, positions)]
+                     for t, p in zip(sampling_tables, positions, strict=True)]
             md = build_attention_metadata([1] * len(lens), lens, sampling_tables, slots,
                                           self.device)
             hidden = self._run(tokens, positions, hidden, md)
             tokens = self.drafter.compute_draft_tokens(hidden)
             steps.append(tokens)
         proposals = torch.stack(steps, dim=1).tolist()  # [num_sampling, k]
-        for i, proposal in zip(rows.sampling, proposals):
+        for i, proposal in zip(rows.sampling, proposals, strict=True):
             drafts[i] = proposal
         return drafts
 

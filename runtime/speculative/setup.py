@@ -36,7 +36,7 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
     specs = {name: AttentionSpec(p.block_size, ckpt.config.num_key_value_heads,
                                  head_dim_of(ckpt.config), p.dtype.itemsize, window)
-             for name, window in zip(names, windows)}
+             for name, window in zip(names, windows, strict=True)}
     proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device)
     return proposer, specs
 

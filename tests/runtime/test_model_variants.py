@@ -1,4 +1,4 @@
-"""Llama variants whose configs switch on extra parameters: attention_bias (q/k/v/o) and mlp_bias."""
+"""Llama variants whose configs add parameters: attention_bias (q/k/v/o) and mlp_bias."""
 
 from __future__ import annotations
 

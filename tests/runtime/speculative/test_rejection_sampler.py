@@ -247,7 +247,8 @@ def test_greedy_verify_matches_rejection_sample_on_greedy_rows() -> None:
                          torch.randint(0, vocab, (batch, k), generator=g))
     num_drafts = torch.randint(0, k + 1, (batch,), generator=g)
     probs = torch.nn.functional.one_hot(argmax, vocab).float()
-    expected = rejection_sample(drafts, num_drafts, None, probs, torch.ones(batch, dtype=torch.bool),
+    greedy = torch.ones(batch, dtype=torch.bool)
+    expected = rejection_sample(drafts, num_drafts, None, probs, greedy,
                                 [None] * batch)
     assert torch.equal(greedy_verify(drafts, num_drafts, argmax), expected)
     lengths = (expected != PLACEHOLDER_TOKEN_ID).sum(-1)
