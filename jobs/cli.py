@@ -92,6 +92,9 @@ def main() -> None:
               type=click.IntRange(1), help="Most requests running at once.")
 @click.option("--block-size", default=EngineConfig.block_size, show_default=True,
               type=click.IntRange(1), help="Tokens per KV cache block.")
+@click.option("--threads", default=None, type=click.IntRange(1),
+              help="torch CPU threads (default: torch's choice). On a busy machine fewer "
+                   "threads than cores is often much faster.")
 @click.option("--overwrite", is_flag=True,
               help="Delete this job's earlier outputs in OUTPUT_DIR (part files, stats, manifest) "
                    "instead of resuming; needed when the options or the input changed.")
@@ -136,7 +139,7 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         model=o["model"], drafter=_drafter(o["model"], o["drafter"]),
         num_speculative_tokens=o["num_speculative_tokens"], dtype=o["dtype"], device=o["device"],
         kv_cache_memory=o["kv_cache_memory"], max_num_batched_tokens=o["max_num_batched_tokens"],
-        max_num_seqs=o["max_num_seqs"], block_size=o["block_size"])
+        max_num_seqs=o["max_num_seqs"], block_size=o["block_size"], num_threads=o["threads"])
     return JobConfig(
         input=o["input"], output_dir=o["output_dir"], prompt_column=o["prompt_column"],
         id_column=o["id_column"], messages_column=o["messages_column"],

@@ -75,6 +75,7 @@ class EngineConfig:
     drafter: str | None = None
     num_speculative_tokens: int = 3
     gpu_memory_fraction: float = 0.8
+    num_threads: int | None = None  # torch CPU threads; None: torch's default
     extra: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+import torch
+
 from runtime.config import EngineConfig
 from runtime.kv.manager import KVCacheManager
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, resolve_model
@@ -25,6 +27,8 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)  # process-wide, like OMP_NUM_THREADS
         self.placement = p = place(config)
         model_dir = resolve_model(config.model)
         self.model_name = config.model
