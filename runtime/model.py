@@ -34,6 +34,15 @@ def sliding_window_of(config: PretrainedConfig, layer_index: int) -> int | None:
     return int(window)
 
 
+def layer_windows(config: PretrainedConfig, max_model_len: int) -> list[int | None]:
+    """Each layer's window; a window that covers the whole context is full attention (None)."""
+    windows = []
+    for i in range(config.num_hidden_layers):
+        window = sliding_window_of(config, i)
+        windows.append(None if window is not None and window >= max_model_len else window)
+    return windows
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()

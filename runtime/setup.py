@@ -15,7 +15,7 @@ from runtime.kv.cache import allocate_kv_caches
 from runtime.kv.groups import KVCacheConfig, make_kv_cache_config, validate_same_kv_cache_group
 from runtime.kv.spec import AttentionSpec
 from runtime.loader import load_state_dict
-from runtime.model import CausalLM, head_dim_of, sliding_window_of
+from runtime.model import CausalLM, head_dim_of, layer_windows
 from runtime.rope import RotaryEmbedding
 
 CPU_DEFAULT_KV_BYTES = 1 << 30
@@ -70,10 +70,7 @@ def attention_specs(hf_config: PretrainedConfig, names: list[str], block_size: i
 
 def target_specs(hf_config: PretrainedConfig, model: CausalLM, p: Placement,
                  max_model_len: int) -> dict[str, AttentionSpec]:
-    windows = []
-    for i in range(hf_config.num_hidden_layers):
-        window = sliding_window_of(hf_config, i)
-        windows.append(None if window is not None and window >= max_model_len else window)
+    windows = layer_windows(hf_config, max_model_len)
     return attention_specs(hf_config, model.layer_names, p.block_size, p.dtype, windows)
 
 

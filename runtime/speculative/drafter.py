@@ -20,7 +20,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.attention import AttentionMetadata
-from runtime.model import CausalLM, DecoderLayer, RMSNorm, sliding_window_of
+from runtime.model import CausalLM, DecoderLayer, RMSNorm
 from runtime.rope import RotaryEmbedding
 
 
@@ -73,17 +73,24 @@ class EagleDrafter(nn.Module):
         """features: the target's features (EAGLE-1: [n, H]; EAGLE-3: [n, 3H]) in the first draft
         step, the drafter's own previous output ([n, H]) in later ones."""
         assert self.rope is not None, "bind the rope table before running the drafter"
-        embeds = self.target[0].model.embed_tokens(input_ids)
-        if self.style == "eagle1":
-            x = self.fc(torch.cat((embeds, features), dim=-1))
-            residual = x
-        else:
-            residual = self.fc(features) if features.shape[-1] != embeds.shape[-1] else features
-            x = torch.cat((self.embed_norm(embeds), self.hidden_norm(residual)), dim=-1)
+        x, residual = self.layer_inputs(input_ids, features)
         for layer in self.layers:
             residual = layer(x, residual, positions, self.rope, kv_caches, attn_metadata)
             x = residual
         return residual
+
+    def layer_inputs(self, input_ids: torch.Tensor, features: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first layer's input, residual) from the next tokens and the features; any leading
+        shape ([n] or [batch, time]). EAGLE-1: fc(concat(embed, feature)) for both. EAGLE-3:
+        residual = fc(target features) (the drafter's own H-wide output passes as is), input =
+        concat(norm(embed), norm(residual))."""
+        embeds = self.target[0].model.embed_tokens(input_ids)
+        if self.style == "eagle1":
+            x = self.fc(torch.cat((embeds, features), dim=-1))
+            return x, x
+        residual = self.fc(features) if features.shape[-1] != embeds.shape[-1] else features
+        return torch.cat((self.embed_norm(embeds), self.hidden_norm(residual)), dim=-1), residual
 
     def compute_draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, H] -> [n] greedy draft token ids in the target's vocabulary."""
@@ -92,10 +99,3 @@ class EagleDrafter(nn.Module):
         draft_ids = self.lm_head(self.norm(hidden)).argmax(-1)
         return draft_ids + self.d2t[draft_ids]
 
-
-def draft_windows(config: PretrainedConfig, max_model_len: int) -> list[int | None]:
-    windows = []
-    for i in range(config.num_hidden_layers):
-        window = sliding_window_of(config, i)
-        windows.append(None if window is not None and window >= max_model_len else window)
-    return windows

@@ -9,10 +9,10 @@ import torch
 from runtime.config import EngineConfig
 from runtime.kv.groups import draft_layer_name
 from runtime.kv.spec import AttentionSpec
-from runtime.model import CausalLM, head_dim_of
+from runtime.model import CausalLM, head_dim_of, layer_windows
 from runtime.rope import RotaryEmbedding
-from runtime.setup import Placement
-from runtime.speculative.drafter import EagleDrafter, draft_windows
+from runtime.setup import Placement, attention_specs
+from runtime.speculative.drafter import EagleDrafter
 from runtime.speculative.loader import load_drafter_checkpoint
 from runtime.speculative.proposer import EagleProposer
 
@@ -25,7 +25,7 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     ckpt = load_drafter_checkpoint(Path(config.drafter), target.config)
     n_target = target.config.num_hidden_layers
     names = [draft_layer_name(n_target, i) for i in range(ckpt.config.num_hidden_layers)]
-    windows = draft_windows(ckpt.config, max_positions)
+    windows = layer_windows(ckpt.config, max_positions)
     drafter = EagleDrafter(ckpt.config, ckpt.style, target, names, p.backend,
                            fc_bias="fc.bias" in ckpt.state_dict, windows=windows,
                            own_head="lm_head.weight" in ckpt.state_dict)
@@ -34,9 +34,7 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     load_drafter_weights(drafter, ckpt.state_dict, config.drafter)
     drafter.rope = RotaryEmbedding(ckpt.config, head_dim_of(ckpt.config), max_positions)
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
-    specs = {name: AttentionSpec(p.block_size, ckpt.config.num_key_value_heads,
-                                 head_dim_of(ckpt.config), p.dtype.itemsize, window)
-             for name, window in zip(names, windows, strict=True)}
+    specs = attention_specs(ckpt.config, names, p.block_size, p.dtype, windows)
     proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device)
     return proposer, specs
 

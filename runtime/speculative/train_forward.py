@@ -61,13 +61,7 @@ def _step_forward(drafter: EagleDrafter, input_ids: torch.Tensor, positions: tor
                   features: torch.Tensor, past: list[list[KV]], mask: torch.Tensor
                   ) -> tuple[torch.Tensor, list[KV]]:
     """One draft step for every anchor; past[i] holds layer i's KV of the earlier steps."""
-    embeds = drafter.target[0].model.embed_tokens(input_ids)  # [B, T, H]
-    if drafter.style == "eagle1":
-        x = drafter.fc(torch.cat((embeds, features), dim=-1))
-        residual = x
-    else:
-        residual = drafter.fc(features) if features.shape[-1] != embeds.shape[-1] else features
-        x = torch.cat((drafter.embed_norm(embeds), drafter.hidden_norm(residual)), dim=-1)
+    x, residual = drafter.layer_inputs(input_ids, features)  # [B, T, in], [B, T, H]
     new_kv = []
     for layer, layer_past in zip(drafter.layers, past, strict=True):
         assert isinstance(layer, DecoderLayer)
