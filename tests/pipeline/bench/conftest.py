@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner, Result
 
 from jobs.cli import main
@@ -23,15 +21,6 @@ MAX_TOKENS = 6
 
 def run_bench_cli(*args: str) -> Result:
     return CliRunner().invoke(main, ["bench", *args])
-
-
-@pytest.fixture(scope="module")
-def one_thread_module() -> Iterator[None]:
-    """One torch thread: toy models on a busy machine run faster without a second one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

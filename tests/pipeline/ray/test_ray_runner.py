@@ -18,7 +18,6 @@ import pytest
 pytest.importorskip("ray.exceptions")  # (a bare "ray" would find tests/pipeline/ray here)
 
 import ray  # noqa: E402
-import torch  # noqa: E402
 
 from pipeline.config import JobError  # noqa: E402
 from pipeline.job import JobInterrupted, run_job  # noqa: E402
@@ -54,12 +53,8 @@ def local_ray() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
+def one_thread(one_thread_module: None) -> None:
     """Local runs on one torch thread, like a Ray worker that has one CPU (same float sums)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
