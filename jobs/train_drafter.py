@@ -63,6 +63,10 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(0, min_open=True))
 @click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(0))
 @click.option("--batch-tokens", default=4096, show_default=True, type=click.IntRange(64))
+@click.option("--token-loss-weight", default=0.1, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="EAGLE-1: weight of the token cross-entropy next to the feature regression "
+                   "(EAGLE-1 uses 0.1; larger values favour acceptance over feature fit).")
 @click.option("--bf16-autocast/--no-bf16-autocast", default=False, show_default=True,
               help="Train under bf16 autocast (faster on CPUs with AMX/AVX512-BF16).")
 @click.option("--eval-prompts", default=None, type=click.Path(exists=True, dir_okay=False,
@@ -73,7 +77,8 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                   num_speculative_tokens: int, draft_vocab_size: int | None, unroll: int | None,
                   max_steps: int | None, time_budget: str | None, resume: bool,
                   max_answer_tokens: int, max_train_prompts: int | None, lr: float,
-                  warmup_steps: int, batch_tokens: int, bf16_autocast: bool,
+                  warmup_steps: int, batch_tokens: int, token_loss_weight: float,
+                  bf16_autocast: bool,
                   eval_prompts: Path | None, num_eval: int, eval_max_tokens: int) -> None:
     """Train an EAGLE drafter for MODEL on its own answers to PROMPTS; write it to OUT."""
     if max_steps is None and time_budget is None:
@@ -83,7 +88,8 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
     train = TrainConfig(num_steps=unroll or num_speculative_tokens, lr=lr,
                         warmup_steps=warmup_steps, max_steps=max_steps,
                         time_budget_s=parse_duration(time_budget) if time_budget else None,
-                        batch_tokens=batch_tokens, autocast_bf16=bf16_autocast)
+                        batch_tokens=batch_tokens, autocast_bf16=bf16_autocast,
+                        ce_weight=token_loss_weight)
     run_train_drafter(TrainDrafterJob(
         model=model, prompt_ids=ids, prompts=prompts, out_dir=out_dir, train=train,
         num_layers=layers, style=style, num_speculative_tokens=num_speculative_tokens,
