@@ -55,13 +55,42 @@ def time_it(fn: object, repeats: int) -> list[float]:
               help="Own draft head of this many tokens (default: the target's LM head).")
 @click.option("--repeats", default=20, help="Timed repetitions per measurement.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's).")
+def measure(engine: Engine, batch: int, repeats: int) -> tuple[float, float]:
+    """Median ms of one target decode step and one draft step for `batch` sequences."""
+    proposer = engine.proposer
+    assert proposer is not None
+    md, _ = decode_metadata(engine, batch)
+    ids = torch.randint(0, 1000, (batch,))
+    pos = torch.full((batch,), CONTEXT)
+    target_md = {name: md for name in engine.model.layer_names}
+    hidden = torch.randn(batch, engine.hf_config.hidden_size)
+
+    @torch.inference_mode()
+    def target_step() -> None:
+        h, _ = engine.model(ids, pos, engine.runner.kv_caches, target_md)
+        engine.model.compute_logits(h).argmax(-1)
+
+    @torch.inference_mode()
+    def draft_step() -> None:
+        md.derived.clear()
+        out = proposer.drafter(ids, pos, hidden, proposer.kv_caches, proposer.step_metadata(md))
+        proposer.drafter.compute_draft_tokens(out)
+
+    target_step(), draft_step()  # warm-up
+    t_times, d_times = [], []
+    for _ in range(repeats):  # interleaved so drift hits both alike
+        t_times += time_it(target_step, 1)
+        d_times += time_it(draft_step, 1)
+    return statistics.median(t_times) * 1e3, statistics.median(d_times) * 1e3
+
+
 def main(batch_sizes: str, layers: str, style: str, draft_vocab_size: int | None, repeats: int,
          threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
     target_dir = resolve_model(DEFAULT_MODEL)
     tmp = Path(tempfile.mkdtemp(prefix="draft-cost-"))
-    print(f"| draft layers | batch | target step ms | draft step ms | draft / target |")
+    print("| draft layers | batch | target step ms | draft step ms | draft / target |")
     print("| --- | --- | --- | --- | --- |")
     for n in [int(x) for x in layers.split(",")]:
         extra = {"draft_vocab_size": draft_vocab_size} if draft_vocab_size else {}
@@ -69,33 +98,8 @@ def main(batch_sizes: str, layers: str, style: str, draft_vocab_size: int | None
                                       **extra)  # type: ignore[arg-type]
         engine = Engine(EngineConfig(drafter=str(drafter), kv_cache_memory=1 << 30,
                                      enable_prefix_caching=False))
-        assert engine.proposer is not None
-        proposer = engine.proposer
         for batch in [int(x) for x in batch_sizes.split(",")]:
-            md, _ = decode_metadata(engine, batch)
-            ids = torch.randint(0, 1000, (batch,))
-            pos = torch.full((batch,), CONTEXT)
-            target_md = {name: md for name in engine.model.layer_names}
-            hidden = torch.randn(batch, engine.hf_config.hidden_size)
-
-            @torch.inference_mode()
-            def target_step() -> None:
-                h, _ = engine.model(ids, pos, engine.runner.kv_caches, target_md)
-                engine.model.compute_logits(h).argmax(-1)
-
-            @torch.inference_mode()
-            def draft_step() -> None:
-                md.derived.clear()
-                out = proposer.drafter(ids, pos, hidden, proposer.kv_caches,
-                                       proposer.step_metadata(md))
-                proposer.drafter.compute_draft_tokens(out)
-
-            target_step(), draft_step()  # warm-up
-            t_times, d_times = [], []
-            for _ in range(repeats):  # interleaved so drift hits both alike
-                t_times += time_it(target_step, 1)
-                d_times += time_it(draft_step, 1)
-            t_ms, d_ms = statistics.median(t_times) * 1e3, statistics.median(d_times) * 1e3
+            t_ms, d_ms = measure(engine, batch, repeats)
             print(f"| {n} | {batch} | {t_ms:.1f} | {d_ms:.1f} | {d_ms / t_ms:.2f} |", flush=True)
         del engine
 

@@ -155,7 +155,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Backbone(config, backend_name)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head: nn.Module = nn.Linear(  # CPU: maybe a PrepackedLinear
+            config.hidden_size, config.vocab_size, bias=False)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
@@ -180,6 +181,12 @@ class CausalLM(nn.Module):
                 entering[i] = h
             h = layer(h, h, positions, self.rope, kv_caches, attn_metadata)
         return ModelOutput(self.model.norm(h), [entering[i] for i in aux_layer_ids])
+
+    @property
+    def head_weight(self) -> torch.Tensor:  # [vocab, hidden]
+        weight = self.lm_head.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         return self.lm_head(hidden)

@@ -53,7 +53,7 @@ class EagleDrafter(nn.Module):
         if self.own_head:
             self.norm = RMSNorm(h, config.rms_norm_eps)
             draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
-            self.lm_head = nn.Linear(h, draft_vocab, bias=False)
+            self.lm_head: nn.Module = nn.Linear(h, draft_vocab, bias=False)
             self.d2t: torch.Tensor  # [draft_vocab] int64: target_id = draft_id + d2t[draft_id]
             self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
         self.rope: RotaryEmbedding | None = None

@@ -124,7 +124,9 @@ def build_drafter(target: CausalLM, job: TrainDrafterJob, vocab: torch.Tensor) -
         init_from_target(drafter, target)
     if job.style == "eagle3":
         with torch.no_grad():
-            drafter.lm_head.weight.copy_(target.lm_head.weight[vocab])
+            head = drafter.lm_head.weight
+            assert isinstance(head, torch.Tensor)
+            head.copy_(target.head_weight[vocab])
             drafter.norm.weight.copy_(target.model.norm.weight)
             drafter.d2t.copy_(vocab - torch.arange(len(vocab)))
     return drafter

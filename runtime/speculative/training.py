@@ -102,7 +102,7 @@ class DrafterTrainer:
         target = drafter.target[0]
         vocab = target.config.vocab_size
         self.loss_vocab = loss_vocab if loss_vocab is not None else torch.arange(vocab)
-        self.head = target.lm_head.weight.detach()[self.loss_vocab]  # [V, H] frozen
+        self.head = target.head_weight.detach()[self.loss_vocab]  # [V, H] frozen
         self.t2d = t2d
 
     def progress(self) -> float:
