@@ -47,14 +47,6 @@ def time_it(fn: object, repeats: int) -> list[float]:
     return out
 
 
-@click.command()
-@click.option("--batch-sizes", default="1,16", help="Requests per step, comma-separated.")
-@click.option("--layers", default="1,2,4", help="Draft layer counts, comma-separated.")
-@click.option("--style", default="eagle1", type=click.Choice(["eagle1", "eagle3"]))
-@click.option("--draft-vocab-size", default=None, type=int,
-              help="Own draft head of this many tokens (default: the target's LM head).")
-@click.option("--repeats", default=20, help="Timed repetitions per measurement.")
-@click.option("--threads", default=None, type=int, help="torch threads (default: torch's).")
 def measure(engine: Engine, batch: int, repeats: int) -> tuple[float, float]:
     """Median ms of one target decode step and one draft step for `batch` sequences."""
     proposer = engine.proposer
@@ -84,6 +76,14 @@ def measure(engine: Engine, batch: int, repeats: int) -> tuple[float, float]:
     return statistics.median(t_times) * 1e3, statistics.median(d_times) * 1e3
 
 
+@click.command()
+@click.option("--batch-sizes", default="1,16", help="Requests per step, comma-separated.")
+@click.option("--layers", default="1,2,4", help="Draft layer counts, comma-separated.")
+@click.option("--style", default="eagle1", type=click.Choice(["eagle1", "eagle3"]))
+@click.option("--draft-vocab-size", default=None, type=int,
+              help="Own draft head of this many tokens (default: the target's LM head).")
+@click.option("--repeats", default=20, help="Timed repetitions per measurement.")
+@click.option("--threads", default=None, type=int, help="torch threads (default: torch's).")
 def main(batch_sizes: str, layers: str, style: str, draft_vocab_size: int | None, repeats: int,
          threads: int | None) -> None:
     if threads:
