@@ -51,6 +51,10 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--draft-vocab-size", default=None, type=click.IntRange(1),
               help="EAGLE-3: draft vocabulary (most frequent answer tokens); EAGLE-1: the "
                    "vocabulary of the token loss. Default min(8192, vocab).")
+@click.option("--draft-head-size", default=None, type=click.IntRange(1),
+              help="EAGLE-1: save the drafter with its own LM head of the N most frequent answer "
+                   "tokens (rows of the target's head, with d2t); cheaper draft steps, drafts "
+                   "limited to those tokens. Default: share the target's whole head.")
 @click.option("--unroll", default=None, type=click.IntRange(1),
               help="Draft steps unrolled in training (training-time test); default k.")
 @click.option("--max-steps", default=None, type=click.IntRange(1))
@@ -74,7 +78,8 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--num-eval", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--eval-max-tokens", default=128, show_default=True, type=click.IntRange(1))
 def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, style: str,
-                  num_speculative_tokens: int, draft_vocab_size: int | None, unroll: int | None,
+                  num_speculative_tokens: int, draft_vocab_size: int | None,
+                  draft_head_size: int | None, unroll: int | None,
                   max_steps: int | None, time_budget: str | None, resume: bool,
                   max_answer_tokens: int, max_train_prompts: int | None, lr: float,
                   warmup_steps: int, batch_tokens: int, token_loss_weight: float,
@@ -93,7 +98,8 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
     run_train_drafter(TrainDrafterJob(
         model=model, prompt_ids=ids, prompts=prompts, out_dir=out_dir, train=train,
         num_layers=layers, style=style, num_speculative_tokens=num_speculative_tokens,
-        draft_vocab_size=draft_vocab_size, max_answer_tokens=max_answer_tokens, resume=resume,
+        draft_vocab_size=draft_vocab_size, draft_head_size=draft_head_size,
+        max_answer_tokens=max_answer_tokens, resume=resume,
         eval_prompts=evals, eval_max_tokens=eval_max_tokens, prompts_source=prompts_path.name))
 
 

@@ -75,7 +75,8 @@ def write_model_card(job: TrainDrafterJob, num_sequences: int, num_answer_tokens
 
 Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter <this dir>`.
 
-- Target: `{job.model}` (its embedding and LM head are shared, not stored here)
+- Target: `{job.model}` (its embedding is shared, not stored here)
+- Draft head: {head_line(job)}
 - Style: {job.style}, {job.num_layers} decoder layers, trained with k = {job.train.num_steps}
   unrolled draft steps; weights stored as {job.save_dtype}
 - Data: {num_sequences} answers ({num_answer_tokens} tokens) that the target generated itself with
@@ -97,6 +98,15 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
     path.write_text(card)
     (job.out_dir / "train_log.json").write_text(json.dumps(_thin(log)) + "\n")
     return path
+
+
+def head_line(job: TrainDrafterJob) -> str:
+    if job.style == "eagle1" and job.draft_head_size:
+        return (f"its own, the target's LM head rows of the {job.draft_head_size} most frequent "
+                "answer tokens, with d2t mapping draft ids to target ids")
+    if job.style == "eagle3":
+        return f"its own norm + head over a {job.draft_vocab_size} token draft vocabulary"
+    return "the target's whole LM head (shared)"
 
 
 def _thin(log: list[dict[str, Any]], keep: int = 200) -> list[dict[str, Any]]:

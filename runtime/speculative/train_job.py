@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from runtime.config import EngineConfig
@@ -51,6 +51,7 @@ class TrainDrafterJob:
     style: str = "eagle1"
     num_speculative_tokens: int = 3
     draft_vocab_size: int | None = None  # EAGLE-3: draft vocabulary; EAGLE-1: token-loss vocab
+    draft_head_size: int | None = None  # EAGLE-1: own head of this many frequent tokens, + d2t
     max_answer_tokens: int = 128
     data_dtype: str = "bfloat16"  # dtype of the target while making data (bfloat16 is faster)
     save_dtype: str = "bfloat16"
@@ -92,6 +93,9 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                                  len(vocab) if job.style == "eagle3" else None,
                                  aux if job.style == "eagle3" else None)
     save_drafter(job.out_dir, config, drafter, job.style, getattr(torch, job.save_dtype))
+    if job.style == "eagle1" and job.draft_head_size:
+        add_draft_head(job.out_dir, target, frequent_tokens(rows, job.draft_head_size),
+                       getattr(torch, job.save_dtype))
     result = None
     if job.eval_prompts:
         result = evaluate(job.model, job.out_dir, job.eval_prompts, job.num_speculative_tokens,
@@ -217,6 +221,24 @@ def save_drafter(out_dir: Path, config: dict, drafter: EagleDrafter, style: str,
     tmp = out_dir / ".model.safetensors.tmp"
     save_file(tensors, str(tmp))
     os.replace(tmp, out_dir / "model.safetensors")
+    (out_dir / ".config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(out_dir / ".config.json.tmp", out_dir / "config.json")
+
+
+def add_draft_head(out_dir: Path, target: CausalLM, vocab: torch.Tensor,
+                   dtype: torch.dtype) -> None:
+    """Gives a saved EAGLE-1 drafter its own LM head: the target's head rows of `vocab` (sorted
+    target ids) as lm_head.weight, and d2t (target id = draft id + d2t[draft id]). Each draft
+    step then reads len(vocab) rows instead of the whole vocabulary; drafts are limited to
+    those tokens (verification keeps the output exact either way)."""
+    tensors = load_file(str(out_dir / "model.safetensors"))
+    tensors["lm_head.weight"] = target.head_weight.detach()[vocab].to(dtype).contiguous()
+    tensors["d2t"] = (vocab - torch.arange(len(vocab))).to(torch.int64)
+    tmp = out_dir / ".model.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, out_dir / "model.safetensors")
+    config = json.loads((out_dir / "config.json").read_text())
+    config["draft_vocab_size"] = len(vocab)
     (out_dir / ".config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
     os.replace(out_dir / ".config.json.tmp", out_dir / "config.json")
 

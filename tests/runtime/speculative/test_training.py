@@ -5,10 +5,13 @@ continues from the step it stopped at."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from runtime.attention import build_attention_metadata
 from runtime.config import EngineConfig, SamplingParams
@@ -123,3 +126,23 @@ def test_trained_drafter_is_lossless_and_resumes(tiny_model_dir: Path, tmp_path:
                            train=TrainConfig(max_steps=7, batch_tokens=128)))
     assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 7
     assert (out / "data" / "features-00000.safetensors").stat().st_mtime == data_mtime
+
+
+def test_draft_head_size_saves_own_head_that_decodes_losslessly(tiny_model_dir: Path,
+                                                              tmp_path: Path) -> None:
+    out = tmp_path / "drafter"
+    run_train_drafter(_job(tiny_model_dir, out, draft_head_size=7,
+                           train=TrainConfig(max_steps=2, batch_tokens=128)))
+    tensors = load_file(str(out / "model.safetensors"))
+    target = load_target(tiny_model_dir, load_model_config(tiny_model_dir))
+    hidden = target.config.hidden_size
+    assert tensors["lm_head.weight"].shape == (7, hidden)
+    target_ids = torch.arange(7) + tensors["d2t"]
+    rows = read_answers(out / "data" / "answers.jsonl")
+    counts = Counter(t for r in rows for t in r["answer_ids"])
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:7]
+    assert target_ids.tolist() == sorted(t for t, _ in top)
+    assert torch.equal(tensors["lm_head.weight"], target.head_weight.detach()[target_ids])
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 7
+    assert "7 most frequent answer tokens" in (out / "README.md").read_text()
+    assert _greedy(tiny_model_dir, out) == _greedy(tiny_model_dir, None)
