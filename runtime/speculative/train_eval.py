@@ -66,7 +66,7 @@ def evaluate(model: str, drafter: Path, prompts: Sequence[str], k: int, max_toke
 
 def write_model_card(job: TrainDrafterJob, num_sequences: int, num_answer_tokens: int,
                      steps: int, wall_s: float, log: list[dict[str, float]],
-                     result: EvalResult | None) -> Path:
+                     result: EvalResult | None, train_s: float = 0.0) -> Path:
     last = log[-20:]
     acc = {key: sum(r[key] for r in last) / len(last)
            for key in (last[0] if last else {}) if key.startswith("acc")}
@@ -85,10 +85,11 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
   of the target over prompt + answer
 - Initialisation: {"draft layers copied from the target's last layers" if job.init_from_target
                    else "random"}
-- Training: {steps} steps, AdamW lr {job.train.lr}, warm-up {job.train.warmup_steps} steps then
-  cosine, {job.train.batch_tokens} padded tokens per batch, grad clip {job.train.grad_clip},
+- Training: {steps} steps ({train_s / 60:.1f} min of training in all runs), AdamW lr
+  {job.train.lr}, warm-up {job.train.warmup_steps} steps then cosine,
+  {job.train.batch_tokens} padded tokens per batch, grad clip {job.train.grad_clip},
   token-loss weight {job.train.ce_weight}, step decay {job.train.step_decay}
-- Wall time of the whole job: {wall_s / 60:.1f} min
+- Wall time of this run of the job: {wall_s / 60:.1f} min
 - Training accuracy (last 20 steps, per unrolled step): {json.dumps(
         {k: round(v, 3) for k, v in acc.items()})}
 - Measured (greedy, k = {job.num_speculative_tokens}, fp32, max {job.eval_max_tokens} tokens):

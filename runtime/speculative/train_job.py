@@ -88,7 +88,9 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     ckpt = job.out_dir / "checkpoint.pt"
     if job.resume and ckpt.exists():
         trainer.load_state(torch.load(ckpt, weights_only=False))
-    log = train_loop(trainer, shards, ckpt)
+    earlier = job.out_dir / "train_log.json"
+    log = json.loads(earlier.read_text()) if job.resume and earlier.exists() else []
+    log += train_loop(trainer, shards, ckpt)
     config = drafter_config_dict(target_config, job.num_layers, job.style,
                                  len(vocab) if job.style == "eagle3" else None,
                                  aux if job.style == "eagle3" else None)
@@ -102,7 +104,7 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                           job.eval_max_tokens)
         print(result.summary())
     write_model_card(job, len(rows), sum(len(r["answer_ids"]) for r in rows), trainer.step,
-                     time.time() - started, log, result)
+                     time.time() - started, log, result, trainer.elapsed_s)
     return result
 
 

@@ -125,6 +125,9 @@ def test_trained_drafter_is_lossless_and_resumes(tiny_model_dir: Path, tmp_path:
     run_train_drafter(_job(tiny_model_dir, out, resume=True,
                            train=TrainConfig(max_steps=7, batch_tokens=128)))
     assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 7
+    log = json.loads((out / "train_log.json").read_text())
+    assert [r["step"] for r in log] == list(range(1, 8))  # the resumed run's log continues
+    assert "7 steps" in (out / "README.md").read_text()
     assert (out / "data" / "features-00000.safetensors").stat().st_mtime == data_mtime
 
 
