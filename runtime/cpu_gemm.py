@@ -21,6 +21,15 @@ from torch import nn
 _PROBE_ROWS = 4
 
 
+def lay_out_for_cpu(module: nn.Module) -> None:
+    """Transposed storage for every Linear under `module`, and its `lm_head` (if a Linear)
+    prepacked; call once after the weights are loaded and cast."""
+    transpose_linear_weights(module)
+    head = getattr(module, "lm_head", None)
+    if isinstance(head, nn.Linear):
+        module.lm_head = prepack_head(head)
+
+
 def transpose_linear_weights(module: nn.Module) -> None:
     """Stores every Linear weight under `module` as the transposed view of an [in, out] tensor."""
     for layer in module.modules():

@@ -11,7 +11,7 @@ from transformers import PretrainedConfig
 from runtime.attention import choose_backend_name
 from runtime.attention.flash_backend import FLASH_BLOCK_SIZE
 from runtime.config import EngineConfig
-from runtime.cpu_gemm import prepack_head, transpose_linear_weights
+from runtime.cpu_gemm import lay_out_for_cpu
 from runtime.kv.cache import allocate_kv_caches
 from runtime.kv.groups import KVCacheConfig, make_kv_cache_config, validate_same_kv_cache_group
 from runtime.kv.spec import AttentionSpec
@@ -61,8 +61,7 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(p.dtype).eval()
     if p.device.type == "cpu":
-        transpose_linear_weights(model)
-        model.lm_head = prepack_head(model.lm_head)
+        lay_out_for_cpu(model)
     return model
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from runtime.config import EngineConfig
-from runtime.cpu_gemm import prepack_head, transpose_linear_weights
+from runtime.cpu_gemm import lay_out_for_cpu
 from runtime.kv.groups import draft_layer_name
 from runtime.kv.spec import AttentionSpec
 from runtime.model import CausalLM, head_dim_of, layer_windows
@@ -36,9 +36,7 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     drafter.rope = RotaryEmbedding(ckpt.config, head_dim_of(ckpt.config), max_positions)
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
     if p.device.type == "cpu":
-        transpose_linear_weights(drafter)
-        if drafter.own_head:
-            drafter.lm_head = prepack_head(drafter.lm_head)
+        lay_out_for_cpu(drafter)  # its own head, if any, is prepacked too
     specs = attention_specs(ckpt.config, names, p.block_size, p.dtype, windows)
     proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device)
     return proposer, specs

@@ -106,7 +106,8 @@ def head_line(job: TrainDrafterJob) -> str:
         return (f"its own, the target's LM head rows of the {job.draft_head_size} most frequent "
                 "answer tokens, with d2t mapping draft ids to target ids")
     if job.style == "eagle3":
-        return f"its own norm + head over a {job.draft_vocab_size} token draft vocabulary"
+        size = job.draft_vocab_size or "min(8192, vocab)"
+        return f"its own norm + head over a draft vocabulary of the {size} most frequent tokens"
     return "the target's whole LM head (shared)"
 
 

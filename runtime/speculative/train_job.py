@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from runtime.config import EngineConfig
@@ -91,13 +91,15 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     earlier = job.out_dir / "train_log.json"
     log = json.loads(earlier.read_text()) if job.resume and earlier.exists() else []
     log += train_loop(trainer, shards, ckpt)
+    head: dict[str, torch.Tensor] = {}
+    if job.style == "eagle1" and job.draft_head_size:
+        head = draft_head(target, frequent_tokens(rows, job.draft_head_size))
     config = drafter_config_dict(target_config, job.num_layers, job.style,
                                  len(vocab) if job.style == "eagle3" else None,
                                  aux if job.style == "eagle3" else None)
-    save_drafter(job.out_dir, config, drafter, job.style, getattr(torch, job.save_dtype))
-    if job.style == "eagle1" and job.draft_head_size:
-        add_draft_head(job.out_dir, target, frequent_tokens(rows, job.draft_head_size),
-                       getattr(torch, job.save_dtype))
+    if head:
+        config["draft_vocab_size"] = len(head["d2t"])
+    save_drafter(job.out_dir, config, drafter, job.style, getattr(torch, job.save_dtype), head)
     result = None
     if job.eval_prompts:
         result = evaluate(job.model, job.out_dir, job.eval_prompts, job.num_speculative_tokens,
@@ -134,7 +136,7 @@ def build_drafter(target: CausalLM, job: TrainDrafterJob, vocab: torch.Tensor) -
             assert isinstance(head, torch.Tensor)
             head.copy_(target.head_weight[vocab])
             drafter.norm.weight.copy_(target.model.norm.weight)
-            drafter.d2t.copy_(vocab - torch.arange(len(vocab)))
+            drafter.d2t.copy_(d2t_of(vocab))
     return drafter
 
 
@@ -165,6 +167,11 @@ def frequent_tokens(rows: Sequence[dict[str, Any]], size: int) -> torch.Tensor:
     rest = (t for t in range(10**9) if t not in counts)
     top += [next(rest) for _ in range(size - len(top))]
     return torch.tensor(sorted(top), dtype=torch.int64)
+
+
+def d2t_of(vocab: torch.Tensor) -> torch.Tensor:
+    """[len(vocab)] offsets such that target id = draft id + d2t[draft id] (`vocab` sorted)."""
+    return (vocab - torch.arange(len(vocab))).to(torch.int64)
 
 
 def t2d_of(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -215,11 +222,13 @@ def save_checkpoint(trainer: DrafterTrainer, path: Path) -> None:
 
 
 def save_drafter(out_dir: Path, config: dict, drafter: EagleDrafter, style: str,
-                 dtype: torch.dtype) -> None:
-    """config.json + model.safetensors in the public layout, each written atomically."""
+                 dtype: torch.dtype, extra: dict[str, torch.Tensor] | None = None) -> None:
+    """config.json + model.safetensors in the public layout (plus `extra` tensors, already in
+    public names), each written atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    state = {**to_public_names(drafter.state_dict(), style), **(extra or {})}
     tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
-               for k, v in to_public_names(drafter.state_dict(), style).items()}
+               for k, v in state.items()}
     tmp = out_dir / ".model.safetensors.tmp"
     save_file(tensors, str(tmp))
     os.replace(tmp, out_dir / "model.safetensors")
@@ -227,22 +236,11 @@ def save_drafter(out_dir: Path, config: dict, drafter: EagleDrafter, style: str,
     os.replace(out_dir / ".config.json.tmp", out_dir / "config.json")
 
 
-def add_draft_head(out_dir: Path, target: CausalLM, vocab: torch.Tensor,
-                   dtype: torch.dtype) -> None:
-    """Gives a saved EAGLE-1 drafter its own LM head: the target's head rows of `vocab` (sorted
-    target ids) as lm_head.weight, and d2t (target id = draft id + d2t[draft id]). Each draft
-    step then reads len(vocab) rows instead of the whole vocabulary; drafts are limited to
-    those tokens (verification keeps the output exact either way)."""
-    tensors = load_file(str(out_dir / "model.safetensors"))
-    tensors["lm_head.weight"] = target.head_weight.detach()[vocab].to(dtype).contiguous()
-    tensors["d2t"] = (vocab - torch.arange(len(vocab))).to(torch.int64)
-    tmp = out_dir / ".model.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, out_dir / "model.safetensors")
-    config = json.loads((out_dir / "config.json").read_text())
-    config["draft_vocab_size"] = len(vocab)
-    (out_dir / ".config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(out_dir / ".config.json.tmp", out_dir / "config.json")
+def draft_head(target: CausalLM, vocab: torch.Tensor) -> dict[str, torch.Tensor]:
+    """An EAGLE-1 drafter's own LM head: the target's head rows of `vocab` (sorted target ids)
+    as lm_head.weight, and d2t. Each draft step then reads len(vocab) rows instead of the whole
+    vocabulary; drafts are limited to those tokens (verification keeps the output exact)."""
+    return {"lm_head.weight": target.head_weight.detach()[vocab], "d2t": d2t_of(vocab)}
 
 
 def job_summary(job: TrainDrafterJob) -> dict[str, Any]:
