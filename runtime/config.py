@@ -71,7 +71,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    attention_backend: str = "auto"  # auto | torch | flash
+    attention_backend: str = "auto"  # auto | torch | cpu | flash
     drafter: str | None = None
     num_speculative_tokens: int = 3
     gpu_memory_fraction: float = 0.8
@@ -84,8 +84,8 @@ class EngineConfig:
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.attention_backend not in ("auto", "torch", "flash"):
-            raise ValueError(f"attention_backend must be auto, torch or flash, "
+        if self.attention_backend not in ("auto", "torch", "cpu", "flash"):
+            raise ValueError(f"attention_backend must be auto, torch, cpu or flash, "
                              f"got {self.attention_backend!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")

@@ -6,6 +6,7 @@ from typing import Protocol
 
 import torch
 
+from runtime.attention.cpu_backend import CpuAttentionBackend, load_cpu_kernel
 from runtime.attention.flash_backend import FlashAttentionBackend, load_flash_attn
 from runtime.attention.metadata import AttentionMetadata, build_attention_metadata
 from runtime.attention.torch_backend import TorchAttentionBackend
@@ -22,16 +23,24 @@ class AttentionBackend(Protocol):
 
 
 def choose_backend_name(requested: str, device: torch.device) -> str:
-    """auto: flash on CUDA when flash-attn imports, else torch."""
+    """auto: flash on CUDA when flash-attn imports; on the CPU, cpu when its kernel builds;
+    else torch."""
     if requested == "flash" and (device.type != "cuda" or load_flash_attn() is None):
         raise RuntimeError("--attention-backend flash needs CUDA and the flash-attn package "
                            "(pip install -e .[gpu])")
+    if requested == "cpu" and (device.type != "cpu" or not load_cpu_kernel()):
+        raise RuntimeError("--attention-backend cpu needs the CPU device and a C++ compiler "
+                           "to build its kernel (see the warning above)")
     if requested == "auto":
-        return "flash" if device.type == "cuda" and load_flash_attn() is not None else "torch"
+        if device.type == "cuda":
+            return "flash" if load_flash_attn() is not None else "torch"
+        return "cpu" if load_cpu_kernel() else "torch"
     return requested
 
 
 def make_backend(name: str, scale: float, sliding_window: int | None) -> AttentionBackend:
     if name == "flash":
         return FlashAttentionBackend(scale, sliding_window)
+    if name == "cpu":
+        return CpuAttentionBackend(scale, sliding_window)
     return TorchAttentionBackend(scale, sliding_window)

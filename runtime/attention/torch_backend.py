@@ -9,6 +9,7 @@ Index tensors and masks depend only on the metadata, so they are built once per 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -60,15 +61,19 @@ class TorchAttentionBackend:
         md: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         write_kv(kv_cache, key, value, md.slot_mapping)
-        block_size = kv_cache.shape[2]
         out = torch.empty_like(query)
-        for batched in self._plan(md, block_size, query.device):
+        self._attend_batches(query, kv_cache, self._plan(md, kv_cache.shape[2], query.device), out)
+        return out
+
+    def _attend_batches(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                        batches: list[_Batched], out: torch.Tensor) -> None:
+        """Mutates out: writes the attention output of every query token in `batches`."""
+        for batched in batches:
             q = query.index_select(0, batched.query_index)
             q = q.view(batched.num_rows, batched.width_q, *query.shape[1:]).transpose(1, 2)
             o = self._attend(q, kv_cache, batched)
             o = o.transpose(1, 2).reshape(-1, *query.shape[1:])
             out.index_copy_(0, batched.dest, o.index_select(0, batched.keep))
-        return out
 
     def _attend(self, q: torch.Tensor, kv_cache: torch.Tensor, b: _Batched) -> torch.Tensor:
         """q [rows, heads, width_q, d] -> [rows, heads, width_q, d], over whole blocks gathered
@@ -86,14 +91,15 @@ class TorchAttentionBackend:
               ) -> list[_Batched]:
         key = f"torch/{block_size}/{self.sliding_window}"
         if key not in md.derived:
-            md.derived[key] = self._build_plan(md, block_size, device)
+            md.derived[key] = self._plan_rows(md, range(md.num_seqs), block_size, device)
         return md.derived[key]
 
-    def _build_plan(self, md: AttentionMetadata, block_size: int, device: torch.device
-                    ) -> list[_Batched]:
+    def _plan_rows(self, md: AttentionMetadata, seqs: Iterable[int], block_size: int,
+                   device: torch.device) -> list[_Batched]:
+        """Padded batches for the sequences `seqs`, bucketed by query length."""
         buckets: dict[int, list[int]] = {}
-        for i, n in enumerate(md.query_lens):
-            buckets.setdefault((n - 1).bit_length(), []).append(i)
+        for i in seqs:
+            buckets.setdefault((md.query_lens[i] - 1).bit_length(), []).append(i)
         return [self._batch(md, rows, block_size, device) for _, rows in sorted(buckets.items())]
 
     def _batch(self, md: AttentionMetadata, rows: list[int], block_size: int,

@@ -3,7 +3,8 @@
 Each case saves a tiny random fp32 checkpoint, perturbs the weights that random init leaves
 constant (norm weights = 1, qkv biases = 0) so that loading them wrongly would show, and compares
 logits within 1e-4 relative error: one prefill, token-by-token decode across block boundaries,
-a chunked prefill, and one forward mixing a decode, a long and a short prefill chunk.
+a chunked prefill, and one forward mixing a decode, a long and a short prefill chunk. Each case
+runs on the torch backend and on the cpu one (its C++ kernel takes queries of up to 16 tokens).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from runtime.attention import build_attention_metadata
+from runtime.attention import build_attention_metadata, load_cpu_kernel
 from runtime.config import EngineConfig
 from runtime.kv.cache import compute_slot_mapping
 from runtime.loader import load_model_config, load_state_dict
@@ -48,6 +49,7 @@ class Pair(NamedTuple):
     ours: CausalLM  # built directly and loaded with load_weights
     reference: PreTrainedModel
     model_dir: Path
+    backend: str
 
 
 @pytest.fixture(autouse=True)
@@ -59,20 +61,25 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=[(case, backend) for case in CASES
+                                        for backend in ("torch", "cpu")],
+                ids=lambda param: "-".join(param))
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Pair:
-    options = dict(CASES[request.param])
+    case, backend = request.param
+    if backend == "cpu":  # the C++ kernel for short queries; every CPU machine here builds it
+        assert load_cpu_kernel(), "the CPU attention kernel did not build (see the warning)"
+    options = dict(CASES[case])
     window = options.pop("sliding_window", None)
-    model_dir = make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), **options)
+    model_dir = make_tiny_checkpoint(tmp_path_factory.mktemp(case), **options)
     if window is not None:
         config_file = model_dir / "config.json"
         config = json.loads(config_file.read_text())
         config["sliding_window"] = window
         config_file.write_text(json.dumps(config))
     reference = _perturbed_reference(model_dir)
-    ours = CausalLM(load_model_config(model_dir), "torch", MAX_POSITIONS)
+    ours = CausalLM(load_model_config(model_dir), backend, MAX_POSITIONS)
     ours.load_weights(load_state_dict(model_dir, torch.float32))
-    return Pair(ours.eval(), reference, model_dir)
+    return Pair(ours.eval(), reference, model_dir, backend)
 
 
 def _perturbed_reference(model_dir: Path) -> PreTrainedModel:
@@ -188,7 +195,7 @@ def test_mixed_batch_matches_transformers(pair: Pair) -> None:
 def test_engine_build_path_gives_the_same_model(pair: Pair) -> None:
     """runtime.setup.build_model (meta-device construction, then load) as the engine does it."""
     placement = place(EngineConfig(model=str(pair.model_dir), device="cpu", dtype="float32",
-                                   block_size=BLOCK_SIZE, attention_backend="torch"))
+                                   block_size=BLOCK_SIZE, attention_backend=pair.backend))
     built = build_model(pair.model_dir, load_model_config(pair.model_dir), placement,
                         MAX_POSITIONS)
     tokens = _tokens(6)

@@ -1,0 +1,120 @@
+"""The torch backend with short queries (decode, draft verification) moved to a C++ kernel.
+
+The torch backend gathers each sequence's K and V out of the paged cache into a padded copy and
+runs SDPA on it; for one to a few queries per sequence that copy costs about as much as the
+attention itself. csrc/paged_attention.cpp reads K and V straight from the cache blocks instead.
+Rows with more than SHORT_QUERY queries (prefill chunks) still go through the torch path, whose
+SDPA kernel is the faster one there.
+
+The kernel is compiled once per machine (torch.utils.cpp_extension: needs a C++ compiler and
+ninja; about half a minute) and cached by torch under its extensions directory. Where it cannot
+be built, "auto" falls back to the torch backend; EAGLEBATCH_CPU_KERNEL=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from runtime.attention.metadata import AttentionMetadata
+from runtime.attention.torch_backend import TorchAttentionBackend, _Batched, write_kv
+
+SHORT_QUERY = 16
+_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+_loaded: dict[str, bool] = {}
+
+
+def _machine_tag() -> str:
+    """The build uses -march=native: one build per CPU feature set, so a shared cache directory
+    never hands one machine another's binary."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line
+                break
+    except OSError:
+        pass
+    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+def load_cpu_kernel() -> bool:
+    """Builds (first time only) and loads torch.ops.eaglebatch.paged_attention; False when that
+    is not possible here (the reason is warned once)."""
+    if "ok" in _loaded:
+        return _loaded["ok"]
+    ok = False
+    if os.environ.get("EAGLEBATCH_CPU_KERNEL", "1") != "0":
+        try:
+            ok = _build()
+        except Exception as exc:  # noqa: BLE001  (no compiler, no ninja, a failed build...)
+            warnings.warn(f"CPU attention kernel unavailable, using the torch backend: {exc}",
+                          stacklevel=2)
+    _loaded["ok"] = ok
+    return ok
+
+
+def _build() -> bool:
+    from torch.utils import cpp_extension  # noqa: PLC0415  (slow import; only when building)
+
+    name = f"eaglebatch_paged_attention_{_machine_tag()}"
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if not (build_dir / f"{name}.so").exists():
+        print("eaglebatch: compiling the CPU attention kernel (once per machine, ~30 s)",
+              file=sys.stderr, flush=True)
+    cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=["-O3", "-march=native"],
+                       is_python_module=False, verbose=False)
+    return hasattr(torch.ops.eaglebatch, "paged_attention")
+
+
+class _KernelRows(NamedTuple):
+    rows: torch.Tensor  # [R] int64 sequences the kernel computes
+    query_starts: torch.Tensor  # [num_seqs] int64
+    query_lens: torch.Tensor  # [num_seqs] int64
+    seq_lens: torch.Tensor  # [num_seqs] int64
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    name = "cpu"
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
+        md: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
+        if query.dtype != torch.float32 or kv_cache.dtype != torch.float32:
+            return super().forward(query, key, value, kv_cache, md)
+        write_kv(kv_cache, key, value, md.slot_mapping)
+        query = query.contiguous()
+        out = torch.empty_like(query)
+        short, batches = self._cpu_plan(md, kv_cache.shape[2], query.device)
+        if short is not None:
+            torch.ops.eaglebatch.paged_attention(
+                query, kv_cache, out, short.rows, short.query_starts, short.query_lens,
+                short.seq_lens, md.block_table, self.scale, self.sliding_window or 0)
+        self._attend_batches(query, kv_cache, batches, out)
+        return out
+
+    def _cpu_plan(self, md: AttentionMetadata, block_size: int, device: torch.device
+                  ) -> tuple[_KernelRows | None, list[_Batched]]:
+        key = f"cpu/{block_size}/{self.sliding_window}"
+        if key not in md.derived:
+            short = [i for i, n in enumerate(md.query_lens) if n <= SHORT_QUERY]
+            long = [i for i, n in enumerate(md.query_lens) if n > SHORT_QUERY]
+            kernel_rows = None
+            if short:
+                def as_tensor(values: list[int]) -> torch.Tensor:
+                    return torch.tensor(values, dtype=torch.int64, device=device)
+                kernel_rows = _KernelRows(as_tensor(short), as_tensor(md.query_starts[:-1]),
+                                          as_tensor(md.query_lens), as_tensor(md.seq_lens_host))
+            md.derived[key] = (kernel_rows, self._plan_rows(md, long, block_size, device))
+        return md.derived[key]

@@ -1,0 +1,137 @@
+// Paged attention for short queries (decode, draft verification) on the CPU, read straight from
+// the block-paged KV cache: no gathered copy of K and V, each cached key and value read once per
+// (sequence, KV head). Registered as torch.ops.eaglebatch.paged_attention.
+//
+// Work item = (sequence, KV head). Its queries are the sequence's query tokens times the query
+// heads of that KV head's group (GQA). Query i of a sequence with q_len queries and kv_len cached
+// tokens sits at position kv_len - q_len + i and sees keys 0..position (and, with a sliding
+// window W, only keys > position - W). Scores, softmax and the weighted sum of values are computed
+// in float32 in a fixed order that does not depend on the other sequences in the batch.
+
+#include <torch/library.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {0.f};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[d + l] * b[d + l];
+  }
+  for (int width = kLanes / 2; width > 0; width /= 2) {  // pairwise, so it vectorises
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  }
+  float sum = acc[0];
+  for (; d < n; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim] float32
+                     const at::Tensor& kv_cache,     // [2, blocks, block_size, kv_heads, dim]
+                     at::Tensor& out,                // [num_tokens, heads, dim] float32
+                     const at::Tensor& rows,         // [R] int64: sequences to compute
+                     const at::Tensor& query_starts, // [S] int64
+                     const at::Tensor& query_lens,   // [S] int64
+                     const at::Tensor& seq_lens,     // [S] int64: cached tokens after this step
+                     const at::Tensor& block_table,  // [S, max_blocks] int32
+                     double scale, int64_t window) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && kv_cache.scalar_type() == at::kFloat &&
+              out.scalar_type() == at::kFloat, "paged_attention: float32 tensors only");
+  TORCH_CHECK(query.is_contiguous() && kv_cache.is_contiguous() && out.is_contiguous() &&
+              block_table.is_contiguous(), "paged_attention: contiguous tensors only");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt, "paged_attention: int32 block table");
+  const int64_t heads = query.size(1), dim = query.size(2);
+  const int64_t num_blocks = kv_cache.size(1), block_size = kv_cache.size(2);
+  const int64_t kv_heads = kv_cache.size(3);
+  TORCH_CHECK(kv_cache.size(4) == dim && heads % kv_heads == 0, "paged_attention: shapes");
+  const int64_t group = heads / kv_heads;
+  const int64_t table_width = block_table.size(1);
+  const float* q_base = query.data_ptr<float>();
+  const float* k_base = kv_cache.data_ptr<float>();
+  const float* v_base = k_base + num_blocks * block_size * kv_heads * dim;
+  float* o_base = out.data_ptr<float>();
+  const int64_t* row_ids = rows.data_ptr<int64_t>();
+  const int64_t* starts = query_starts.data_ptr<int64_t>();
+  const int64_t* q_lens = query_lens.data_ptr<int64_t>();
+  const int64_t* kv_lens = seq_lens.data_ptr<int64_t>();
+  const int32_t* tables = block_table.data_ptr<int32_t>();
+  const float fscale = static_cast<float>(scale);
+  const int64_t token_stride = kv_heads * dim;  // between consecutive slots of the cache
+
+  at::parallel_for(0, rows.size(0) * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = row_ids[item / kv_heads], kvh = item % kv_heads;
+      const int64_t q_len = q_lens[s], kv_len = kv_lens[s], q0 = starts[s];
+      const int64_t first_pos = kv_len - q_len;  // position of query 0
+      int64_t lo = 0;
+      if (window > 0) lo = std::max<int64_t>(0, first_pos - window + 1);
+      const int64_t span = kv_len - lo;
+      const int64_t nq = q_len * group;  // query vector a = i * group + g
+      scores.assign(nq * span, -std::numeric_limits<float>::infinity());
+      acc.assign(nq * dim, 0.f);
+      const int32_t* table = tables + s * table_width;
+      auto q_ptr = [&](int64_t a) {
+        return q_base + ((q0 + a / group) * heads + kvh * group + a % group) * dim;
+      };
+      for (int64_t j = lo; j < kv_len; ++j) {
+        const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size +
+                             j % block_size;
+        const float* k = k_base + slot * token_stride + kvh * dim;
+        for (int64_t a = 0; a < nq; ++a) {
+          const int64_t pos = first_pos + a / group;
+          if (j > pos || (window > 0 && j <= pos - window)) continue;
+          scores[a * span + (j - lo)] = dot(q_ptr(a), k, dim) * fscale;
+        }
+      }
+      for (int64_t a = 0; a < nq; ++a) {  // softmax in place; masked scores become 0
+        float* row = scores.data() + a * span;
+        float peak = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < span; ++j) peak = std::max(peak, row[j]);
+        float total = 0.f;
+        for (int64_t j = 0; j < span; ++j) row[j] = std::exp(row[j] - peak);  // masked: 0
+        for (int64_t j = 0; j < span; ++j) total += row[j];
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        for (int64_t j = 0; j < span; ++j) row[j] *= inv;
+      }
+      for (int64_t j = lo; j < kv_len; ++j) {
+        const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size +
+                             j % block_size;
+        const float* v = v_base + slot * token_stride + kvh * dim;
+        for (int64_t a = 0; a < nq; ++a) {
+          const float p = scores[a * span + (j - lo)];
+          if (p != 0.f) axpy(p, v, acc.data() + a * dim, dim);
+        }
+      }
+      for (int64_t a = 0; a < nq; ++a) {
+        float* o = o_base + ((q0 + a / group) * heads + kvh * group + a % group) * dim;
+        std::copy(acc.data() + a * dim, acc.data() + (a + 1) * dim, o);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(eaglebatch, m) {
+  m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor(a!) out, Tensor rows, "
+        "Tensor query_starts, Tensor query_lens, Tensor seq_lens, Tensor block_table, "
+        "float scale, int window) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+}

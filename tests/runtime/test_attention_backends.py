@@ -1,0 +1,80 @@
+"""The cpu backend (C++ kernel for queries of up to 16 tokens, torch for longer ones) against the
+torch backend over one scattered paged cache: decode rows, draft-verification rows and prefill
+chunks in one pass, with and without a sliding window, for GQA and plain multi-head layouts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.attention import build_attention_metadata, choose_backend_name, load_cpu_kernel
+from runtime.attention.cpu_backend import SHORT_QUERY, CpuAttentionBackend
+from runtime.attention.torch_backend import TorchAttentionBackend
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 64
+QUERY_LENS = [1, 3, 4, 1, SHORT_QUERY, SHORT_QUERY + 1, 40, 2, 1]
+SEQ_LENS = [5, 100, 37, 16, 17, SHORT_QUERY + 1, 120, 33, 250]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    assert load_cpu_kernel(), "the CPU attention kernel did not build (see the warning)"
+
+
+def _inputs(heads: int, kv_heads: int, dim: int, query_lens: list[int], seq_lens: list[int],
+            seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim, generator=generator)
+    free = (torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1).tolist()  # 0: null block
+    tables = []
+    for n in seq_lens:
+        blocks = -(-n // BLOCK_SIZE)
+        tables.append(free[:blocks])
+        free = free[blocks:]
+    slots = [t[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+             for q, n, t in zip(query_lens, seq_lens, tables, strict=True) for p in range(n - q, n)]
+    tokens = sum(query_lens)
+    query = torch.randn(tokens, heads, dim, generator=generator)
+    key = torch.randn(tokens, kv_heads, dim, generator=generator)
+    value = torch.randn(tokens, kv_heads, dim, generator=generator)
+    md = build_attention_metadata(query_lens, seq_lens, tables, slots, torch.device("cpu"))
+    return query, key, value, cache, md  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 40), (8, 1, 16)])
+@pytest.mark.parametrize("window", [None, 20])
+def test_cpu_backend_matches_torch_backend(heads: int, kv_heads: int, dim: int,
+                                           window: int | None) -> None:
+    query, key, value, cache, md = _inputs(heads, kv_heads, dim, QUERY_LENS, SEQ_LENS)
+    scale = dim**-0.5
+    want_cache = cache.clone()
+    want = TorchAttentionBackend(scale, window).forward(query, key, value, want_cache, md)
+    got = CpuAttentionBackend(scale, window).forward(query, key, value, cache, md)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    assert torch.equal(cache, want_cache)  # the new K and V were written to the same slots
+
+
+def test_cpu_kernel_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
+    """A decode row's output is bitwise the same alone or next to other rows (what lets spec and
+    plain decoding produce equal tokens)."""
+    query, key, value, cache, md = _inputs(9, 3, 64, [1, 3, 1], [50, 80, 120])
+    backend = CpuAttentionBackend(64**-0.5)
+    together = backend.forward(query, key, value, cache.clone(), md)
+    alone_md = build_attention_metadata([1], [120], [md.block_table[2].tolist()],
+                                        md.slot_mapping[4:].tolist(), torch.device("cpu"))
+    alone = backend.forward(query[4:], key[4:], value[4:], cache.clone(), alone_md)
+    assert torch.equal(together[4:], alone)
+
+
+def test_auto_picks_the_cpu_backend_on_the_cpu() -> None:
+    assert choose_backend_name("auto", torch.device("cpu")) == "cpu"
+    assert choose_backend_name("torch", torch.device("cpu")) == "torch"
+
+
+def test_bfloat16_falls_back_to_the_torch_path() -> None:
+    query, key, value, cache, md = _inputs(9, 3, 64, [1, 2], [30, 40])
+    args = (query.bfloat16(), key.bfloat16(), value.bfloat16())
+    got = CpuAttentionBackend(0.125).forward(*args, cache.bfloat16(), md)
+    md.derived.clear()
+    want = TorchAttentionBackend(0.125).forward(*args, cache.bfloat16(), md)
+    assert torch.equal(got, want)
