@@ -10,7 +10,7 @@ import click
 from jobs.options import memory_size
 from pipeline.bench.config import BASELINES, BenchConfig, ReportConfig, parse_int_list
 from pipeline.config import JobError
-from runtime.config import DEFAULT_MODEL
+from runtime.config import CLI_DRAFT_CONFIDENCE, DEFAULT_MODEL
 
 _EXIT_USER_ERROR = 2
 
@@ -45,6 +45,13 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
                    "batch size of the transformers baseline.")
 @click.option("--k", "ks", default="0,1,2,3,5", show_default=True, callback=_ints,
               help="Comma-separated draft tokens per step; 0 is the engine without drafter.")
+@click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
+              type=click.FloatRange(0, 1, max_open=True),
+              help="As in `generate`: drafts are cut where the drafter's probability of the "
+                   "drafts so far falls below this; 0 always drafts k.")
+@click.option("--attention-backend", default="auto", show_default=True,
+              type=click.Choice(["auto", "torch", "cpu", "flash"]),
+              help="Attention backend of the engine variants (as in `generate`).")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--baseline", default="transformers", show_default=True,
               type=click.Choice(BASELINES), help="transformers `generate` on static batches.")
@@ -73,6 +80,7 @@ def bench(**options: Any) -> None:
             prompts=o["prompts"], out=o["out"], model=o["model"], drafter=o["drafter"],
             prompt_column=o["prompt_column"], num_prompts=o["num_prompts"],
             chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
+            draft_confidence=o["draft_confidence"], attention_backend=o["attention_backend"],
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],

@@ -9,7 +9,7 @@ import click
 
 from jobs.options import memory_size
 from pipeline.config import JobConfig, JobError, RayConfig
-from runtime.config import DEFAULT_MODEL, EngineConfig
+from runtime.config import CLI_DRAFT_CONFIDENCE, DEFAULT_MODEL, EngineConfig
 from runtime.loader import default_drafter
 
 _EXIT_USER_ERROR = 2
@@ -43,6 +43,15 @@ def main() -> None:
 @click.option("--num-speculative-tokens", default=2, show_default=True, type=click.IntRange(1),
               help="Draft tokens proposed per step when a drafter is used (2 measured best for "
                    "the shipped drafter on CPU; see its model card).")
+@click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
+              type=click.FloatRange(0, 1, max_open=True),
+              help="Cut a request's drafts where the drafter's probability of the drafts so far "
+                   "falls below this, so less is spent verifying likely rejects; 0 always drafts "
+                   "--num-speculative-tokens. Greedy outputs are the same either way.")
+@click.option("--attention-backend", default="auto", show_default=True,
+              type=click.Choice(["auto", "torch", "cpu", "flash"]),
+              help="auto: flash-attn on CUDA when installed, the C++ paged kernel on CPU when it "
+                   "builds, else torch (portable, gathers K/V then runs SDPA).")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="Input column holding the prompt text (string).")
 @click.option("--id-column", default="id", show_default=True,
@@ -138,7 +147,9 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         o["ray_address"], o["num_workers"], o["gpus_per_worker"])
     engine = EngineConfig(
         model=o["model"], drafter=_drafter(o["model"], o["drafter"]),
-        num_speculative_tokens=o["num_speculative_tokens"], dtype=o["dtype"], device=o["device"],
+        num_speculative_tokens=o["num_speculative_tokens"],
+        draft_confidence=o["draft_confidence"], attention_backend=o["attention_backend"],
+        dtype=o["dtype"], device=o["device"],
         kv_cache_memory=o["kv_cache_memory"], max_num_batched_tokens=o["max_num_batched_tokens"],
         max_num_seqs=o["max_num_seqs"], block_size=o["block_size"], num_threads=o["threads"])
     return JobConfig(

@@ -84,6 +84,8 @@ class JobConfig:
             "drafter": (None if self.engine.drafter is None
                         else _as_path_if_exists(self.engine.drafter)),
             "num_speculative_tokens": self.engine.num_speculative_tokens,
+            # which drafts are verified steers seeded sampling's random draws (not greedy output)
+            "draft_confidence": self.engine.draft_confidence,
             "dtype": self.engine.dtype,
             "max_model_len": self.engine.max_model_len,
             "sampling": {"max_tokens": self.max_tokens, "temperature": self.temperature,

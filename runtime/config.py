@@ -53,6 +53,11 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+# `eaglebatch generate` and `bench` default for EngineConfig.draft_confidence (measured with the
+# shipped drafter: batch 16, k = 2, 94 -> 103 tokens/s; no change at batch 1)
+CLI_DRAFT_CONFIDENCE = 0.15
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything needed to build an Engine.
@@ -60,6 +65,9 @@ class EngineConfig:
     model: a built-in name (DEFAULT_MODEL), a Hugging Face checkpoint directory or a .gguf file.
     drafter: an EAGLE drafter checkpoint directory, or None for no speculation.
     kv_cache_memory: bytes for the KV cache; None = a default (CPU: 1 GiB, GPU: 80% of free memory).
+    draft_confidence: a request's drafts stop at the first one where the drafter's probability of
+        the drafts so far (the product over them) falls below this, so verification spends less on
+        drafts that would likely be rejected; 0 keeps all k. Outputs are the same either way.
     """
 
     model: str = DEFAULT_MODEL
@@ -74,6 +82,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | cpu | flash
     drafter: str | None = None
     num_speculative_tokens: int = 3
+    draft_confidence: float = 0.0  # 0: always k drafts; see the docstring
     gpu_memory_fraction: float = 0.8
     num_threads: int | None = None  # torch CPU threads; None: torch's default
     extra: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
@@ -91,3 +100,5 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
+        if not 0.0 <= self.draft_confidence < 1.0:
+            raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence}")

@@ -67,23 +67,29 @@ class ModelRunner:
                 ) -> list[list[int]]:
         rows = step.sample_rows
         width = self.draft_width
-        # [batch, width + 1] flat token indices; rows with fewer drafts repeat their last index
-        index = [r.logits_rows + [r.logits_rows[-1]] * (width + 1 - len(r.logits_rows))
-                 for r in rows]
-        flat = torch.tensor(index, device=self.device).view(-1)
-        logits = self.model.compute_logits(hidden.index_select(0, flat))
+        # The LM head runs on each request's real rows only (fewer than width + 1 when it has
+        # fewer drafts); `padded` lays them out as [batch, width + 1], repeating a row's last one.
+        real = [i for r in rows for i in r.logits_rows]
+        padded, start = [], 0
+        for r in rows:
+            n = len(r.logits_rows)
+            padded += [start + min(j, n - 1) for j in range(width + 1)]
+            start += n
+        logits = self.model.compute_logits(
+            hidden.index_select(0, torch.tensor(real, device=self.device)))
+        padded_index = torch.tensor(padded, device=self.device)
         seqs = [out.scheduled[r.seq_index].seq for r in rows]
         drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
         if all(s.params.greedy for s in seqs):
-            argmax = logits.argmax(-1).view(len(rows), width + 1)
+            argmax = logits.argmax(-1).index_select(0, padded_index).view(len(rows), width + 1)
             sampled = greedy_verify(drafts, num_drafts, argmax)
             return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
         st = make_sampling_tensors([s.params.temperature for s in seqs],
                                    [s.params.top_k for s in seqs],
                                    [s.params.top_p for s in seqs], self.device)
-        probs = target_probs(logits, st, width + 1)
+        probs = target_probs(logits.index_select(0, padded_index), st, width + 1)
         sampled = rejection_sample(drafts, num_drafts, None, probs, st.greedy,
                                    [s.generator for s in seqs])
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]

@@ -34,6 +34,8 @@ class BenchConfig:
     chat_template: bool = True
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
     ks: tuple[int, ...] = (0, 1, 2, 3, 5)
+    draft_confidence: float = 0.0  # EngineConfig.draft_confidence of the k > 0 variants
+    attention_backend: str = "auto"
     max_tokens: int = 128
     baseline: str = "transformers"
     repeats: int = 3

@@ -18,6 +18,7 @@ class BenchModels(NamedTuple):
     drafter: Path | None  # None when no k > 0 was asked for
     drafter_label: str  # how the report names the drafter
     random: bool  # random weights: outputs and acceptance are meaningless
+    random_drafter: bool = False  # made here with random weights: its confidence means nothing
 
 
 def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype) -> BenchModels:
@@ -36,7 +37,8 @@ def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype) -> Be
     if not config.speculative_ks:
         return BenchModels(model_dir, None, "none", preset is not None)
     drafter, label = _drafter(config, model_dir, scratch, dtype)
-    return BenchModels(model_dir, drafter, label, preset is not None)
+    return BenchModels(model_dir, drafter, label, preset is not None,
+                       random_drafter=drafter.is_relative_to(scratch))
 
 
 def _drafter(config: BenchConfig, model_dir: Path, scratch: Path,

@@ -16,7 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,17 @@ def run_bench(config: BenchConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     base = EngineConfig(dtype=config.dtype, device=config.device,
                         kv_cache_memory=config.kv_cache_memory,
-                        max_num_batched_tokens=config.max_num_batched_tokens)
+                        max_num_batched_tokens=config.max_num_batched_tokens,
+                        draft_confidence=config.draft_confidence,
+                        attention_backend=config.attention_backend)
     p = place(base)
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process
     with tempfile.TemporaryDirectory(prefix=".bench-models-", dir=out) as scratch:
         models = resolve_models(config, Path(scratch), p.dtype)
+        if models.random_drafter:  # random drafts are all unlikely: gating would cut them all
+            base = replace(base, draft_confidence=0.0)
+            config = replace(config, draft_confidence=0.0)
         tokenizer = load_tokenizer(models.model_dir)
         max_model_len = load_model_config(models.model_dir).max_position_embeddings
         workload = build_workload(read_prompts(config.prompts, config.prompt_column,
@@ -149,7 +154,7 @@ def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: P
         "skipped_prompts": workload.skipped, "ignore_eos": workload.ignore_eos,
         "prompt_tokens": {"min": min(lengths), "median": statistics.median(lengths),
                           "max": max(lengths)},
-        "copy_bandwidth_bytes_per_s": bandwidth,
+        "copy_bandwidth_bytes_per_s": bandwidth, "attention_backend": p.backend,
     }
 
 

@@ -94,8 +94,21 @@ class EagleDrafter(nn.Module):
 
     def compute_draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, H] -> [n] greedy draft token ids in the target's vocabulary."""
-        if not self.own_head:
-            return self.target[0].compute_logits(hidden).argmax(-1)
-        draft_ids = self.lm_head(self.norm(hidden)).argmax(-1)
-        return draft_ids + self.d2t[draft_ids]
+        return self.draft_with_confidence(hidden, confidence=False)[0]
+
+    def draft_with_confidence(self, hidden: torch.Tensor, confidence: bool = True
+                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[n, H] -> ([n] greedy draft token ids in the target's vocabulary, [n] the drafter's
+        probability of each, or None when confidence is False)."""
+        if self.own_head:
+            logits = self.lm_head(self.norm(hidden))
+        else:
+            logits = self.target[0].compute_logits(hidden)
+        peak, draft_ids = logits.max(-1)
+        prob = None
+        if confidence:  # softmax at the argmax: 1 / sum(exp(logits - max))
+            prob = (logits - peak.unsqueeze(-1)).exp_().sum(-1).reciprocal_()
+        if self.own_head:
+            draft_ids = draft_ids + self.d2t[draft_ids]
+        return draft_ids, prob
 

@@ -41,9 +41,11 @@ class DraftRows(NamedTuple):
 
 class EagleProposer:
     def __init__(self, drafter: EagleDrafter, num_speculative_tokens: int,
-                 aux_layer_ids: tuple[int, ...], device: torch.device) -> None:
+                 aux_layer_ids: tuple[int, ...], device: torch.device,
+                 min_confidence: float = 0.0) -> None:
         self.drafter = drafter
         self.k = num_speculative_tokens
+        self.min_confidence = min_confidence
         self.aux_layer_ids = aux_layer_ids
         self.device = device
         self.layer_names = drafter.layer_names
@@ -75,12 +77,15 @@ class EagleProposer:
             return drafts
         last = torch.tensor(rows.last_rows, device=self.device)
         hidden = hidden.index_select(0, last)  # [num_sampling, H]
-        tokens = self.drafter.compute_draft_tokens(hidden)  # [num_sampling]
-        steps = [tokens]
+        gated = self.min_confidence > 0
+        tokens, chain = self.drafter.draft_with_confidence(hidden, gated)  # [num_sampling]
+        steps, chains = [tokens], [chain]
         positions = [rows.positions[r] for r in rows.last_rows]
         lens = [seq_lens[i] for i in rows.sampling]
         sampling_tables = [tables[i] for i in rows.sampling]
         for _ in range(self.k - 1):
+            if chain is not None and bool((chain < self.min_confidence).all()):
+                break  # every request's drafts end here: no more draft steps
             positions = [p + 1 for p in positions]
             lens = [n + 1 for n in lens]
             slots = [compute_slot_mapping(t, [p], self.block_size)[0]
@@ -88,9 +93,15 @@ class EagleProposer:
             md = build_attention_metadata([1] * len(lens), lens, sampling_tables, slots,
                                           self.device)
             hidden = self._run(tokens, positions, hidden, md)
-            tokens = self.drafter.compute_draft_tokens(hidden)
+            tokens, prob = self.drafter.draft_with_confidence(hidden, gated)
+            if chain is not None and prob is not None:
+                chain = chain * prob
             steps.append(tokens)
-        proposals = torch.stack(steps, dim=1).tolist()  # [num_sampling, k]
+            chains.append(chain)
+        proposals = torch.stack(steps, dim=1).tolist()  # [num_sampling, steps run]
+        if gated:  # keep each request's drafts while the chain's probability stays >= the gate
+            kept = (torch.stack(chains, dim=1) >= self.min_confidence).sum(1).tolist()  # type: ignore[arg-type]
+            proposals = [p[:n] for p, n in zip(proposals, kept, strict=True)]
         for i, proposal in zip(rows.sampling, proposals, strict=True):
             drafts[i] = proposal
         return drafts

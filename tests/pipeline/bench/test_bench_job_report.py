@@ -31,6 +31,7 @@ def test_report_of_a_finished_job_with_a_drafter(
     generated = CliRunner().invoke(main, [
         "generate", str(inputs), str(out), "--model", str(tiny_model_dir), "--drafter",
         str(tiny_drafter_dir), "--num-speculative-tokens", "2", "--max-tokens", "5",
+        "--draft-confidence", "0",  # random drafter: its confidence means nothing
         "--shard-rows", "2", "--kv-cache-memory", "16MiB"])
     assert generated.exit_code == 0, generated.output
     code, stdout, _ = _report(str(out))
