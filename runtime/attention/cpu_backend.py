@@ -91,7 +91,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         md: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        if query.dtype != torch.float32 or kv_cache.dtype != torch.float32:
+        if (query.dtype != torch.float32 or kv_cache.dtype != torch.float32
+                or not kv_cache.is_contiguous()):  # the kernel's one layout; else the torch path
             return super().forward(query, key, value, kv_cache, md)
         write_kv(kv_cache, key, value, md.slot_mapping)
         query = query.contiguous()
