@@ -1,22 +1,30 @@
 """How Linear products run on the CPU (values never change beyond rounding, only layout and kernel).
 
 Every Linear keeps its [out, in] weight as the transposed view of a contiguous [in, out] tensor,
-so BLAS skips a transpose, and also gets a oneDNN-prepacked copy; each product picks the kernel by
-its number of rows (tokens), from measurements on the default model (fp32, one thread, a 2-core
-Xeon with AVX-512; decoder products of all 30 layers, ms):
+so BLAS skips a transpose, and gets one packed copy for the products it is fastest at, picked by
+the product's number of rows (tokens). Measured on the default model's shapes (fp32, one thread,
+a 2-core Xeon with AVX-512; all 30 decoder layers with their own weights, so that they stream
+from memory as in a real step; ms):
 
-    rows                      1     3     4     16    48    64
-    BLAS, transposed layout   31.2  50.5  54.6  79.5  91.8  92.6
-    oneDNN, prepacked         41.3  45.3  42.3  58.5  92.0  111.5
+    rows                  1     2     3     4     8     16    32    48    64
+    BLAS, transposed      34.7  52.0  55.2  60.8  70.6  86.8  100   112   113
+    oneDNN, prepacked     44.6  45.8  45.7  47.3  55.0  66.9  90.7  112   134
+    panel_linear          36.5  36.1  36.8  37.5  45.5  56.6  81.4  103   125
+    LM head:
+    BLAS, transposed      8.1   12.8  14.2  15.1  20.0  23.3  29.7  33.8  40.3
+    oneDNN, prepacked     9.5   10.3  11.0  10.0  11.8  14.4  22.0  27.8  34.4
+    panel_linear          8.2   8.7   8.9   9.2   10.9  13.9  19.7  25.1  30.0
 
-- Decoder layers: oneDNN for 2..48 rows (decode at batch 2..48, and verification of k drafts
-  for up to 48 / (k + 1) sequences), BLAS otherwise (single-row decode is a matrix-vector
-  product; large batches and prefill chunks).
-- The LM head (vocabulary-sized, 113 MB for the default model): oneDNN from 2 rows (14 instead of
-  25 ms at 16 rows, 31 instead of 42 at 64), BLAS for one row.
+- panel_linear (runtime/csrc/linear.cpp) for decoder products of 1..48 rows (decode at batch up
+  to 48, and verification of k drafts for up to 48 / (k + 1) sequences) and head products of
+  1..64 rows; BLAS above (large batches, prefill chunks).
+- A row's result from panel_linear does not depend on the other rows, so inside those ranges a
+  k-draft verification computes bit for bit the logits that decoding one token at a time would.
+- Without the C++ kernels: oneDNN for 2..48 decoder rows and from 2 head rows instead.
 The packed copy doubles the memory of the weights (424 MB more for the default model's decoder,
-113 MB for its head); the original Parameters stay, so tying and state_dict names are unchanged.
-Where the packing op is missing or disagrees with F.linear on a probe, the Linear stays plain.
+113 MB for its head; panels pad the outputs to a multiple of 64). The original Parameters stay,
+so tying and state_dict names are unchanged. Where packing is not possible or disagrees with
+F.linear on a probe, the Linear stays plain.
 """
 
 from __future__ import annotations
@@ -25,21 +33,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-DECODER_PACKED_ROWS = (2, 48)
-HEAD_PACKED_ROWS = (2, None)
+from runtime.cpu_kernels import load_cpu_kernels
+
+DECODER_PACKED_ROWS = (1, 48)
+HEAD_PACKED_ROWS = (1, 64)
+ONEDNN_DECODER_ROWS = (2, 48)  # without the C++ kernels
+ONEDNN_HEAD_ROWS = (2, None)
+PANEL = 64  # output columns per panel (linear.cpp's kPanel)
 _PROBE_ROWS = 4
 
 
 def lay_out_for_cpu(module: nn.Module) -> None:
     """Transposed storage for every Linear under `module` and a packed copy for each; call once
-    after the weights are loaded and cast. `module.lm_head`, if any, gets the head's row range."""
+    after the weights are loaded and cast. `module.lm_head`, if any, is packed as the head."""
     transpose_linear_weights(module)
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 is_head = parent is module and name == "lm_head"
-                setattr(parent, name, prepack(child, HEAD_PACKED_ROWS if is_head
-                                              else DECODER_PACKED_ROWS))
+                setattr(parent, name, prepack(child, head=is_head))
 
 
 def transpose_linear_weights(module: nn.Module) -> None:
@@ -49,17 +61,27 @@ def transpose_linear_weights(module: nn.Module) -> None:
             layer.weight.data = layer.weight.data.t().contiguous().t()
 
 
-class PrepackedLinear(nn.Module):
-    """A Linear that runs on a oneDNN-prepacked copy of its weight for products of `rows`
-    (min, max or None) rows, and on `weight` itself (F.linear) otherwise. `weight` and `bias` are
-    the original Parameters (same objects)."""
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> [ceil(out / 64), in, 64]: panel p holds output columns 64p .. 64p + 63 of
+    weight.T, zero past `out` (the layout panel_linear reads)."""
+    out_features, in_features = weight.shape
+    num_panels = -(-out_features // PANEL)
+    padded = F.pad(weight.detach(), (0, 0, 0, num_panels * PANEL - out_features))
+    return padded.view(num_panels, PANEL, in_features).transpose(1, 2).contiguous()
 
-    def __init__(self, linear: nn.Linear, packed: torch.Tensor,
+
+class PrepackedLinear(nn.Module):
+    """A Linear that runs products of `rows` (min, max or None) rows on a packed copy of its
+    weight: panels for panel_linear (`kernel` "panel") or a oneDNN packing ("onednn"), and the
+    rest on `weight` itself (F.linear). `weight` and `bias` are the original Parameters."""
+
+    def __init__(self, linear: nn.Linear, packed: torch.Tensor, kernel: str,
                  rows: tuple[int, int | None]) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.kernel = kernel
         self.rows = rows
         self._packed = packed
 
@@ -69,23 +91,39 @@ class PrepackedLinear(nn.Module):
         if n < low or (high is not None and n > high):
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(n, self.in_features).contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
+        if self.kernel == "panel":
+            out = torch.ops.eaglebatch.panel_linear(flat, self._packed, self.bias,
+                                                    self.out_features)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def prepack(linear: nn.Module, rows: tuple[int, int | None] = HEAD_PACKED_ROWS) -> nn.Module:
-    """`linear` with a oneDNN-packed copy for `rows`-row products, when packing works here and
-    agrees with F.linear; else `linear` itself."""
+def prepack(linear: nn.Module, head: bool = False) -> nn.Module:
+    """`linear` with its packed copy (panels for float32 when the C++ kernels load, else oneDNN),
+    when packing works here and agrees with F.linear on a probe; else `linear` itself."""
     if not isinstance(linear, nn.Linear):
         return linear
     weight = linear.weight.detach()
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return linear
+    if weight.dtype == torch.float32 and load_cpu_kernels():
+        return _checked(linear, pack_panels(weight), "panel",
+                        HEAD_PACKED_ROWS if head else DECODER_PACKED_ROWS)
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
-        layer = PrepackedLinear(linear, packed, (1, None))  # probe the packed path itself
-        probe = torch.randn(_PROBE_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0)
-                            ).to(weight.dtype)
+    except (RuntimeError, AttributeError):
+        return linear
+    return _checked(linear, packed, "onednn", ONEDNN_HEAD_ROWS if head else ONEDNN_DECODER_ROWS)
+
+
+def _checked(linear: nn.Linear, packed: torch.Tensor, kernel: str,
+             rows: tuple[int, int | None]) -> nn.Module:
+    weight = linear.weight.detach()
+    layer = PrepackedLinear(linear, packed, kernel, (1, None))  # probe the packed path itself
+    probe = torch.randn(_PROBE_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0)
+                        ).to(weight.dtype)
+    try:
         got, want = layer(probe).float(), F.linear(probe, weight, linear.bias).float()
     except (RuntimeError, AttributeError):
         return linear

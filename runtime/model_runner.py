@@ -7,6 +7,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from runtime.cpu_kernels import argmax_rows
 from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.sampler import make_sampling_tensors, target_probs
@@ -83,7 +84,7 @@ class ModelRunner:
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
         if all(s.params.greedy for s in seqs):
-            argmax = logits.argmax(-1).index_select(0, padded_index).view(len(rows), width + 1)
+            argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
             sampled = greedy_verify(drafts, num_drafts, argmax)
             return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
         st = make_sampling_tensors([s.params.temperature for s in seqs],

@@ -6,10 +6,11 @@ from typing import Protocol
 
 import torch
 
-from runtime.attention.cpu_backend import CpuAttentionBackend, load_cpu_kernel
+from runtime.attention.cpu_backend import CpuAttentionBackend
 from runtime.attention.flash_backend import FlashAttentionBackend, load_flash_attn
 from runtime.attention.metadata import AttentionMetadata, build_attention_metadata
 from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.cpu_kernels import load_cpu_kernels
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "build_attention_metadata",
            "choose_backend_name", "make_backend"]
@@ -28,13 +29,13 @@ def choose_backend_name(requested: str, device: torch.device) -> str:
     if requested == "flash" and (device.type != "cuda" or load_flash_attn() is None):
         raise RuntimeError("--attention-backend flash needs CUDA and the flash-attn package "
                            "(pip install -e .[gpu])")
-    if requested == "cpu" and (device.type != "cpu" or not load_cpu_kernel()):
+    if requested == "cpu" and (device.type != "cpu" or not load_cpu_kernels()):
         raise RuntimeError("--attention-backend cpu needs the CPU device and a C++ compiler "
                            "to build its kernel (see the warning above)")
     if requested == "auto":
         if device.type == "cuda":
             return "flash" if load_flash_attn() is not None else "torch"
-        return "cpu" if load_cpu_kernel() else "torch"
+        return "cpu" if load_cpu_kernels() else "torch"
     return requested
 
 

@@ -2,22 +2,17 @@
 
 The torch backend gathers each sequence's K and V out of the paged cache into a padded copy and
 runs SDPA on it; for one to a few queries per sequence that copy costs about as much as the
-attention itself. csrc/paged_attention.cpp reads K and V straight from the cache blocks instead.
+attention itself. runtime/csrc/paged_attention.cpp reads K and V straight from the cache blocks
+instead.
 Rows with more than SHORT_QUERY queries (prefill chunks) still go through the torch path, whose
 SDPA kernel is the faster one there.
 
-The kernel is compiled once per machine (torch.utils.cpp_extension: needs a C++ compiler and
-ninja; about half a minute) and cached by torch under its extensions directory. Where it cannot
-be built, "auto" falls back to the torch backend; EAGLEBATCH_CPU_KERNEL=0 turns it off.
+The kernel is built with the other CPU kernels (runtime.cpu_kernels); where it cannot be built,
+"auto" falls back to the torch backend; EAGLEBATCH_CPU_KERNEL=0 turns it off.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import sys
-import warnings
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -26,51 +21,6 @@ from runtime.attention.metadata import AttentionMetadata
 from runtime.attention.torch_backend import TorchAttentionBackend, _Batched, write_kv
 
 SHORT_QUERY = 16
-_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
-_loaded: dict[str, bool] = {}
-
-
-def _machine_tag() -> str:
-    """The build uses -march=native: one build per CPU feature set, so a shared cache directory
-    never hands one machine another's binary."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line
-                break
-    except OSError:
-        pass
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
-
-
-def load_cpu_kernel() -> bool:
-    """Builds (first time only) and loads torch.ops.eaglebatch.paged_attention; False when that
-    is not possible here (the reason is warned once)."""
-    if "ok" in _loaded:
-        return _loaded["ok"]
-    ok = False
-    if os.environ.get("EAGLEBATCH_CPU_KERNEL", "1") != "0":
-        try:
-            ok = _build()
-        except Exception as exc:  # noqa: BLE001  (no compiler, no ninja, a failed build...)
-            warnings.warn(f"CPU attention kernel unavailable, using the torch backend: {exc}",
-                          stacklevel=2)
-    _loaded["ok"] = ok
-    return ok
-
-
-def _build() -> bool:
-    from torch.utils import cpp_extension  # noqa: PLC0415  (slow import; only when building)
-
-    name = f"eaglebatch_paged_attention_{_machine_tag()}"
-    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-    if not (build_dir / f"{name}.so").exists():
-        print("eaglebatch: compiling the CPU attention kernel (once per machine, ~30 s)",
-              file=sys.stderr, flush=True)
-    cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=["-O3", "-march=native"],
-                       is_python_module=False, verbose=False)
-    return hasattr(torch.ops.eaglebatch, "paged_attention")
 
 
 class _KernelRows(NamedTuple):

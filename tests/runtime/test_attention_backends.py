@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.attention import build_attention_metadata, choose_backend_name, load_cpu_kernel
+from runtime.attention import build_attention_metadata, choose_backend_name
 from runtime.attention.cpu_backend import SHORT_QUERY, CpuAttentionBackend
 from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.cpu_kernels import load_cpu_kernels
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 64
@@ -18,7 +19,7 @@ SEQ_LENS = [5, 100, 37, 16, 17, SHORT_QUERY + 1, 120, 33, 250]
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
-    assert load_cpu_kernel(), "the CPU attention kernel did not build (see the warning)"
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
 
 
 def _inputs(heads: int, kv_heads: int, dim: int, query_lens: list[int], seq_lens: list[int],

@@ -1,5 +1,6 @@
-"""CPU weight layouts: values and parameter identity unchanged, products equal F.linear on both
-kernels (BLAS below/above the packed row range, oneDNN inside it)."""
+"""CPU weight layouts: values and parameter identity unchanged, products equal F.linear on every
+kernel (BLAS outside the packed row range; panel_linear or oneDNN inside it); panel_linear's rows
+do not depend on the other rows of the product; the argmax kernel answers as torch does."""
 from __future__ import annotations
 
 import pytest
@@ -10,11 +11,14 @@ from transformers import LlamaConfig
 
 from runtime.cpu_gemm import (
     DECODER_PACKED_ROWS,
+    HEAD_PACKED_ROWS,
     PrepackedLinear,
     lay_out_for_cpu,
+    pack_panels,
     prepack,
     transpose_linear_weights,
 )
+from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
 from runtime.model import CausalLM
 
 
@@ -38,11 +42,11 @@ def test_prepacked_head_matches_linear_and_keeps_tied_weight() -> None:
     embed = nn.Embedding(1000, 32)
     head = nn.Linear(32, 1000, bias=False)
     head.weight = embed.weight
-    packed = prepack(head)
+    packed = prepack(head, head=True)
     x = torch.randn(7, 32)
-    if isinstance(packed, PrepackedLinear):  # oneDNN present (x86 CPU builds of torch)
-        assert packed.weight is embed.weight
-        assert packed.out_features == 1000
+    assert isinstance(packed, PrepackedLinear) and packed.rows == HEAD_PACKED_ROWS
+    assert packed.weight is embed.weight
+    assert packed.out_features == 1000
     torch.testing.assert_close(packed(x), F.linear(x, embed.weight), rtol=1e-4, atol=1e-4)
     assert packed(x[:0]).shape == (0, 1000)
 
@@ -50,16 +54,48 @@ def test_prepacked_head_matches_linear_and_keeps_tied_weight() -> None:
 @pytest.mark.parametrize("rows", [1, 2, 5, DECODER_PACKED_ROWS[1], DECODER_PACKED_ROWS[1] + 1])
 def test_packed_decoder_linear_with_bias_matches_on_both_sides_of_the_range(rows: int) -> None:
     torch.manual_seed(0)
-    linear = nn.Linear(24, 40)
-    want_layer = nn.Linear(24, 40)
+    linear = nn.Linear(24, 70)  # 70 outputs: a full panel of 64 and a partial one
+    want_layer = nn.Linear(24, 70)
     want_layer.load_state_dict(linear.state_dict())
-    layer = prepack(linear, DECODER_PACKED_ROWS)
-    if isinstance(layer, PrepackedLinear):
-        assert layer.bias is linear.bias and layer.weight is linear.weight
+    layer = prepack(linear)
+    assert isinstance(layer, PrepackedLinear) and layer.kernel == "panel"
+    assert layer.bias is linear.bias and layer.weight is linear.weight
     x = torch.randn(rows, 24)
     torch.testing.assert_close(layer(x), want_layer(x), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(layer(x.view(1, rows, 24)), want_layer(x).view(1, rows, 40),
+    torch.testing.assert_close(layer(x.view(1, rows, 24)), want_layer(x).view(1, rows, 70),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_panel_linear_rows_do_not_depend_on_the_other_rows() -> None:
+    """Bitwise: each row of a 1..100-row product (tiles of 6, passes of 96) equals the same row
+    computed alone."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    torch.manual_seed(0)
+    weight, bias = torch.randn(200, 96), torch.randn(200)
+    panels = pack_panels(weight)
+    assert panels.shape == (4, 96, 64) and torch.equal(panels[3, :, 8:], torch.zeros(96, 56))
+    x = torch.randn(100, 96)
+    alone = torch.cat([torch.ops.eaglebatch.panel_linear(x[i:i + 1], panels, bias, 200)
+                       for i in range(100)])
+    torch.testing.assert_close(alone, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    for rows in (2, 3, 5, 6, 7, 13, 96, 100):
+        product = torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), panels, bias, 200)
+        assert torch.equal(product, alone[:rows]), rows
+    shifted = torch.ops.eaglebatch.panel_linear(x[1:8].contiguous(), panels, bias, 200)
+    assert torch.equal(shifted, alone[1:8])  # a row's place in its tile does not matter either
+
+
+def test_argmax_kernel_answers_as_torch_does() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, 1000)
+    logits[1, 7] = float("nan")  # the first NaN wins, as in torch
+    logits[2] = float("-inf")
+    logits[3, [3, 9]] = logits[3].max() + 1  # ties: the first index
+    logits[4, [10, 500]] = float("nan")
+    want = logits.argmax(-1)
+    assert want.tolist()[1:5] == [7, 0, 3, 10]
+    assert torch.equal(argmax_rows(logits), want)
+    assert torch.equal(argmax_rows(logits[:, :999]), logits[:, :999].argmax(-1))  # strided view
 
 
 def test_lay_out_keeps_state_dict_and_outputs_of_a_model() -> None:
@@ -76,10 +112,12 @@ def test_lay_out_keeps_state_dict_and_outputs_of_a_model() -> None:
     assert model.state_dict().keys() == before.keys()
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
-    if isinstance(model.lm_head, PrepackedLinear):
-        assert model.lm_head.rows == (2, None)
-        assert model.model.layers[0].mlp.up_proj.rows == DECODER_PACKED_ROWS  # type: ignore[union-attr]
-        assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert isinstance(model.lm_head, PrepackedLinear)
+    assert (model.lm_head.kernel, model.lm_head.rows) == ("panel", HEAD_PACKED_ROWS)
+    up_proj = model.model.layers[0].mlp.up_proj
+    assert isinstance(up_proj, PrepackedLinear)
+    assert (up_proj.kernel, up_proj.rows) == ("panel", DECODER_PACKED_ROWS)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
     torch.testing.assert_close(model.compute_logits(hidden), want_head, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.model.layers[0].mlp(hidden), want_mlp, rtol=1e-4, atol=1e-5)
 

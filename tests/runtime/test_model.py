@@ -18,8 +18,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from runtime.attention import build_attention_metadata, load_cpu_kernel
+from runtime.attention import build_attention_metadata
 from runtime.config import EngineConfig
+from runtime.cpu_kernels import load_cpu_kernels
 from runtime.kv.cache import compute_slot_mapping
 from runtime.loader import load_model_config, load_state_dict
 from runtime.model import CausalLM, head_dim_of
@@ -67,7 +68,7 @@ def one_thread() -> Iterator[None]:
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Pair:
     case, backend = request.param
     if backend == "cpu":  # the C++ kernel for short queries; every CPU machine here builds it
-        assert load_cpu_kernel(), "the CPU attention kernel did not build (see the warning)"
+        assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
     options = dict(CASES[case])
     window = options.pop("sliding_window", None)
     model_dir = make_tiny_checkpoint(tmp_path_factory.mktemp(case), **options)

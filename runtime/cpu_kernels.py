@@ -1,0 +1,80 @@
+"""The C++ CPU kernels (runtime/csrc), compiled once per machine and loaded as torch.ops.eaglebatch:
+
+- paged_attention: attention for short queries read straight from the paged KV cache
+  (runtime.attention.cpu_backend);
+- panel_linear: Linear products of a few rows on a panel-packed weight (runtime.cpu_gemm);
+- argmax_rows: the greedy sampler's argmax.
+
+The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about half a minute the first
+time) with -march=native, cached by torch under its extensions directory with the CPU's feature
+flags in the name. Where it cannot be built, every user falls back to plain torch;
+EAGLEBATCH_CPU_KERNEL=0 turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+_SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+_OPS = ("paged_attention", "panel_linear", "argmax_rows")
+_loaded: dict[str, bool] = {}
+
+
+def load_cpu_kernels() -> bool:
+    """Builds (first time only) and loads the kernels; False when that is not possible here (the
+    reason is warned once)."""
+    if "ok" in _loaded:
+        return _loaded["ok"]
+    ok = False
+    if os.environ.get("EAGLEBATCH_CPU_KERNEL", "1") != "0":
+        try:
+            ok = _build()
+        except Exception as exc:  # noqa: BLE001  (no compiler, no ninja, a failed build...)
+            warnings.warn(f"CPU kernels unavailable, using plain torch: {exc}", stacklevel=2)
+    _loaded["ok"] = ok
+    return ok
+
+
+def _machine_tag() -> str:
+    """One build per CPU feature set and source version, so a shared cache directory never hands
+    one machine another's binary, nor an old build to new sources."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line
+                break
+    except OSError:
+        pass
+    digest = hashlib.sha1(flags.encode())
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def _build() -> bool:
+    from torch.utils import cpp_extension  # noqa: PLC0415  (slow import; only when building)
+
+    name = f"eaglebatch_cpu_{_machine_tag()}"
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if not (build_dir / f"{name}.so").exists():
+        print("eaglebatch: compiling the CPU kernels (once per machine, ~30 s)", file=sys.stderr,
+              flush=True)
+    cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
+                       extra_cflags=["-O3", "-march=native"], is_python_module=False,
+                       verbose=False)
+    return all(hasattr(torch.ops.eaglebatch, op) for op in _OPS)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(-1) for [rows, vocab] logits, by the C++ kernel on float32 CPU tensors."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.shape[1] > 0 and load_cpu_kernels()):
+        return torch.ops.eaglebatch.argmax_rows(logits.contiguous())
+    return logits.argmax(-1)

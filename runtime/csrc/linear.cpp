@@ -1,0 +1,130 @@
+// y = x W^T + b for a few rows of x (decode and draft verification), on a copy of W packed in
+// panels of 64 output columns: panel p is a [K, 64] block holding columns 64p .. 64p + 63 of W^T
+// (zero past N), so a product streams each panel front to back once for up to 96 rows of x.
+// Registered as torch.ops.eaglebatch.panel_linear.
+//
+// Each output y[m, n] is one chain of fused multiply-adds over k = 0 .. K-1 in order, then + b[n],
+// whatever the number of rows and wherever row m falls in its tile: a row's result does not depend
+// on the other rows in the product (a single-token step and a k-draft verification compute the
+// same values for the same hidden state). FMA rounds once, so the AVX-512 and the portable code
+// give the same bits.
+
+#include <torch/library.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kPanel = 64;     // output columns per panel
+constexpr int64_t kMaxRows = 6;    // rows per register tile (6 x 4 accumulators of 16 floats)
+constexpr int64_t kChunk = 96;     // rows per pass over the panels
+constexpr int64_t kAhead = 8;   // panel rows prefetched ahead (one 256-byte row per input)
+
+// Rows x 64 outputs of one panel, written to y[0 .. Rows-1][0 .. cols-1].
+template <int Rows>
+void tile(const float* x, int64_t k, const float* panel, const float* bias, float* y,
+          int64_t ldy, int64_t cols) {
+  alignas(64) float out[Rows][kPanel];
+#ifdef __AVX512F__
+  __m512 acc[Rows][4];
+  for (int m = 0; m < Rows; ++m)
+    for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k; ++c) {
+    const float* w = panel + c * kPanel;
+    for (int line = 0; line < 4; ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(w + kAhead * kPanel + 16 * line), _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    const __m512 w2 = _mm512_loadu_ps(w + 32), w3 = _mm512_loadu_ps(w + 48);
+#pragma GCC unroll 8
+    for (int m = 0; m < Rows; ++m) {
+      const __m512 b = _mm512_set1_ps(x[m * k + c]);
+      acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+      acc[m][2] = _mm512_fmadd_ps(b, w2, acc[m][2]);
+      acc[m][3] = _mm512_fmadd_ps(b, w3, acc[m][3]);
+    }
+  }
+  for (int m = 0; m < Rows; ++m)
+    for (int i = 0; i < 4; ++i) _mm512_store_ps(out[m] + 16 * i, acc[m][i]);
+#else
+  for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
+  for (int64_t c = 0; c < k; ++c) {
+    const float* w = panel + c * kPanel;
+    for (int m = 0; m < Rows; ++m) {
+      const float b = x[m * k + c];
+      for (int64_t j = 0; j < kPanel; ++j) out[m][j] = std::fma(b, w[j], out[m][j]);
+    }
+  }
+#endif
+  for (int m = 0; m < Rows; ++m) {
+    if (bias != nullptr)
+      for (int64_t j = 0; j < cols; ++j) out[m][j] += bias[j];
+    std::memcpy(y + m * ldy, out[m], cols * sizeof(float));
+  }
+}
+
+at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contiguous
+                        const at::Tensor& panels,   // [ceil(N / 64), K, 64] float32
+                        const c10::optional<at::Tensor>& bias,  // [N] or None
+                        int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "panel_linear: x must be a contiguous 2-d float32 tensor");
+  const int64_t rows = x.size(0), k = x.size(1), num_panels = panels.size(0);
+  TORCH_CHECK(panels.is_contiguous() && panels.scalar_type() == at::kFloat &&
+              panels.dim() == 3 && panels.size(1) == k && panels.size(2) == kPanel &&
+              num_panels * kPanel >= n && (num_panels - 1) * kPanel < n,
+              "panel_linear: panels must be [ceil(n / 64), in_features, 64] float32");
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
+                "panel_linear: bias must be [n] float32");
+    b = bias->data_ptr<float>();
+  }
+  at::Tensor y = at::empty({rows, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = panels.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t m0 = 0; m0 < rows; m0 += kChunk) {
+    const int64_t m1 = std::min(rows, m0 + kChunk);
+    at::parallel_for(0, num_panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
+        const float* panel = wp + p * k * kPanel;
+        const float* bp = b != nullptr ? b + col : nullptr;
+        for (int64_t m = m0; m < m1; m += kMaxRows) {
+          const float* xm = xp + m * k;
+          float* ym = yp + m * n + col;
+          switch (std::min(kMaxRows, m1 - m)) {
+            case 6: tile<6>(xm, k, panel, bp, ym, n, cols); break;
+            case 5: tile<5>(xm, k, panel, bp, ym, n, cols); break;
+            case 4: tile<4>(xm, k, panel, bp, ym, n, cols); break;
+            case 3: tile<3>(xm, k, panel, bp, ym, n, cols); break;
+            case 2: tile<2>(xm, k, panel, bp, ym, n, cols); break;
+            default: tile<1>(xm, k, panel, bp, ym, n, cols); break;
+          }
+        }
+      }
+    });
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
+  m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {
+  m.impl("panel_linear", &panel_linear);
+}
