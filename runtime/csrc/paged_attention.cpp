@@ -3,10 +3,10 @@
 // sequence. Registered as torch.ops.eaglebatch.paged_attention.
 //
 // Work item = one sequence. Its queries are its query tokens times the query heads; query head h
-// reads KV head h / (heads / kv_heads) (GQA). Query i of a sequence with q_len queries and kv_len cached
-// tokens sits at position kv_len - q_len + i and sees keys 0..position (and, with a sliding
-// window W, only keys > position - W). Scores, softmax and the weighted sum of values are computed
-// in float32 in a fixed order that does not depend on the other sequences in the batch.
+// reads KV head h / (heads / kv_heads) (GQA). Query i of a sequence with q_len queries and
+// kv_len cached tokens sits at position kv_len - q_len + i and sees keys 0..position (and, with a
+// sliding window W, only keys > position - W). Scores, softmax and the weighted sum of values are
+// computed in float32 in a fixed order that does not depend on the other sequences in the batch.
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
