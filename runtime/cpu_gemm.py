@@ -1,8 +1,8 @@
 """How Linear products run on the CPU (values never change beyond rounding, only layout and kernel).
 
 Every Linear keeps its [out, in] weight as the transposed view of a contiguous [in, out] tensor,
-so BLAS skips a transpose, and gets one packed copy for the products it is fastest at, picked by
-the product's number of rows (tokens). Measured on the default model's shapes (fp32, one thread,
+so BLAS skips a transpose, and gets one packed copy that runs its products (or those of a range of
+row counts, i.e. tokens). Measured on the default model's shapes (fp32, one thread,
 a 2-core Xeon with AVX-512; all 30 decoder layers with their own weights, so that they stream
 from memory as in a real step; ms):
 
@@ -15,12 +15,14 @@ from memory as in a real step; ms):
     oneDNN, prepacked     9.5   10.3  11.0  10.0  11.8  14.4  22.0  27.8  34.4
     panel_linear          8.2   8.7   8.9   9.2   10.9  13.9  19.7  25.1  30.0
 
-- panel_linear (runtime/csrc/linear.cpp) for decoder products of 1..48 rows (decode at batch up
-  to 48, and verification of k drafts for up to 48 / (k + 1) sequences) and head products of
-  1..64 rows; BLAS above (large batches, prefill chunks).
-- A row's result from panel_linear does not depend on the other rows, so inside those ranges a
-  k-draft verification computes bit for bit the logits that decoding one token at a time would.
-- Without the C++ kernels: oneDNN for 2..48 decoder rows and from 2 head rows instead.
+- panel_linear (runtime/csrc/linear.cpp) for every float32 product. It is the fastest up to 48
+  rows (decode and draft verification at small batches) and within 10% of BLAS above, and a row's
+  result from it does not depend on the other rows. With the cpu attention backend, which has the
+  same property, a request's logits after the same prefill are the same bits whether it decodes
+  alone, verifies k drafts, or runs next to 63 other requests: greedy speculative decoding is
+  exactly lossless. (Decode at batch 64 costs about 8% more than with BLAS; exactness is worth it.)
+- Without the C++ kernels, or in bfloat16: oneDNN for 2..48 decoder rows and from 2 head rows,
+  BLAS otherwise (rounding then depends on the row count).
 The packed copy doubles the memory of the weights (424 MB more for the default model's decoder,
 113 MB for its head; panels pad the outputs to a multiple of 64). The original Parameters stay,
 so tying and state_dict names are unchanged. Where packing is not possible or disagrees with
@@ -35,8 +37,7 @@ from torch import nn
 
 from runtime.cpu_kernels import load_cpu_kernels
 
-DECODER_PACKED_ROWS = (1, 48)
-HEAD_PACKED_ROWS = (1, 64)
+PANEL_ROWS = (1, None)  # every product
 ONEDNN_DECODER_ROWS = (2, 48)  # without the C++ kernels
 ONEDNN_HEAD_ROWS = (2, None)
 PANEL = 64  # output columns per panel (linear.cpp's kPanel)
@@ -108,8 +109,7 @@ def prepack(linear: nn.Module, head: bool = False) -> nn.Module:
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return linear
     if weight.dtype == torch.float32 and load_cpu_kernels():
-        return _checked(linear, pack_panels(weight), "panel",
-                        HEAD_PACKED_ROWS if head else DECODER_PACKED_ROWS)
+        return _checked(linear, pack_panels(weight), "panel", PANEL_ROWS)
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
     except (RuntimeError, AttributeError):

@@ -10,8 +10,8 @@ from torch import nn
 from transformers import LlamaConfig
 
 from runtime.cpu_gemm import (
-    DECODER_PACKED_ROWS,
-    HEAD_PACKED_ROWS,
+    ONEDNN_DECODER_ROWS,
+    PANEL_ROWS,
     PrepackedLinear,
     lay_out_for_cpu,
     pack_panels,
@@ -44,14 +44,14 @@ def test_prepacked_head_matches_linear_and_keeps_tied_weight() -> None:
     head.weight = embed.weight
     packed = prepack(head, head=True)
     x = torch.randn(7, 32)
-    assert isinstance(packed, PrepackedLinear) and packed.rows == HEAD_PACKED_ROWS
+    assert isinstance(packed, PrepackedLinear) and packed.rows == PANEL_ROWS
     assert packed.weight is embed.weight
     assert packed.out_features == 1000
     torch.testing.assert_close(packed(x), F.linear(x, embed.weight), rtol=1e-4, atol=1e-4)
     assert packed(x[:0]).shape == (0, 1000)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, DECODER_PACKED_ROWS[1], DECODER_PACKED_ROWS[1] + 1])
+@pytest.mark.parametrize("rows", [1, 2, 5, 48, 100])
 def test_packed_decoder_linear_with_bias_matches_on_both_sides_of_the_range(rows: int) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(24, 70)  # 70 outputs: a full panel of 64 and a partial one
@@ -64,6 +64,20 @@ def test_packed_decoder_linear_with_bias_matches_on_both_sides_of_the_range(rows
     torch.testing.assert_close(layer(x), want_layer(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(layer(x.view(1, rows, 24)), want_layer(x).view(1, rows, 70),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_without_the_cpu_kernels_onednn_runs_the_packed_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runtime.cpu_gemm.load_cpu_kernels", lambda: False)
+    torch.manual_seed(0)
+    linear = nn.Linear(24, 40)
+    layer = prepack(linear)
+    assert isinstance(layer, PrepackedLinear)
+    assert (layer.kernel, layer.rows) == ("onednn", ONEDNN_DECODER_ROWS)
+    for rows in (1, 3, 60):  # BLAS, oneDNN, BLAS
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(layer(x), F.linear(x, linear.weight, linear.bias),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_panel_linear_rows_do_not_depend_on_the_other_rows() -> None:
@@ -113,10 +127,10 @@ def test_lay_out_keeps_state_dict_and_outputs_of_a_model() -> None:
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
     assert isinstance(model.lm_head, PrepackedLinear)
-    assert (model.lm_head.kernel, model.lm_head.rows) == ("panel", HEAD_PACKED_ROWS)
+    assert (model.lm_head.kernel, model.lm_head.rows) == ("panel", PANEL_ROWS)
     up_proj = model.model.layers[0].mlp.up_proj
     assert isinstance(up_proj, PrepackedLinear)
-    assert (up_proj.kernel, up_proj.rows) == ("panel", DECODER_PACKED_ROWS)
+    assert (up_proj.kernel, up_proj.rows) == ("panel", PANEL_ROWS)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     torch.testing.assert_close(model.compute_logits(hidden), want_head, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.model.layers[0].mlp(hidden), want_mlp, rtol=1e-4, atol=1e-5)

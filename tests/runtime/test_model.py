@@ -202,3 +202,32 @@ def test_engine_build_path_gives_the_same_model(pair: Pair) -> None:
     tokens = _tokens(6)
     logits = PagedCache(built).forward(Feed(tokens, 0, SEQ_LEN, TABLE_A))
     _assert_close(logits, _reference_logits(pair.reference, tokens))
+
+
+def test_decode_logits_do_not_depend_on_batch_or_verification(pair: Pair) -> None:
+    """After the same prefill, a request decoded alone one token at a time, and the same request fed
+    4 tokens at once as a k = 3 verification next to other requests' prefill chunks and decodes,
+    get equal logits: bit for bit with the cpu backend on the engine's CPU layout (panel_linear
+    for every product); the torch backend's SDPA rounds by batch shape, so only close there."""
+    placement = place(EngineConfig(model=str(pair.model_dir), device="cpu", dtype="float32",
+                                   block_size=BLOCK_SIZE, attention_backend=pair.backend))
+    model = build_model(pair.model_dir, load_model_config(pair.model_dir), placement,
+                        MAX_POSITIONS)
+    prompt, seq = 18, _tokens(7, 23)  # an 18-token prompt, then 5 "generated" tokens
+    other, third = _tokens(8, 21), _tokens(9, 8)  # prompts of 20 and 7, one token generated
+    alone = PagedCache(model)
+    want = [alone.forward(Feed(seq, 0, prompt, TABLE_A))[-1:]]
+    for position in range(prompt, 23):
+        want.append(alone.forward(Feed(seq, position, 1, TABLE_A)))
+    together = PagedCache(model)
+    first = together.forward(Feed(seq, 0, prompt, TABLE_A),
+                             Feed(other, 0, 20, TABLE_B))[prompt - 1:prompt]
+    verified = together.forward(Feed(third, 0, 7, TABLE_C), Feed(other, 20, 1, TABLE_B),
+                                Feed(seq, prompt, 4, TABLE_A))[8:]
+    last = together.forward(Feed(seq, prompt + 4, 1, TABLE_A),
+                            Feed(third, 7, 1, TABLE_C))[:1]
+    got = torch.cat([first, verified, last])
+    if pair.backend == "cpu":
+        assert torch.equal(got, torch.cat(want))
+    else:
+        _assert_close(got, torch.cat(want))
