@@ -56,6 +56,10 @@ class SamplingParams:
 # `eaglebatch generate` and `bench` default for EngineConfig.draft_confidence (measured with the
 # shipped drafter: batch 16, k = 2, 94 -> 103 tokens/s; no change at batch 1)
 CLI_DRAFT_CONFIDENCE = 0.15
+# `eaglebatch generate` default for EngineConfig.draft_max_batch: with the shipped drafter on the
+# 2-core CPU, k = 2 gains 1.30x at batch 1 and 1.07x at 4, but loses at 8 (0.98x), 16 (0.88x)
+# and 64 (0.74x)
+CLI_DRAFT_MAX_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,11 @@ class EngineConfig:
     draft_confidence: a request's drafts stop at the first one where the drafter's probability of
         the drafts so far (the product over them) falls below this, so verification spends less on
         drafts that would likely be rejected; 0 keeps all k. Outputs are the same either way.
+    draft_max_batch: greedy requests get no drafts in a step with more than this many requests
+        sampling (where verifying drafts costs more than it saves); None drafts at any batch.
+        The drafter still reads every step's target features, so drafting resumes as the batch
+        drains. Greedy outputs are the same either way; requests that sample always draft, so
+        their seeded random draws do not depend on the batch.
     """
 
     model: str = DEFAULT_MODEL
@@ -83,6 +92,7 @@ class EngineConfig:
     drafter: str | None = None
     num_speculative_tokens: int = 3
     draft_confidence: float = 0.0  # 0: always k drafts; see the docstring
+    draft_max_batch: int | None = None  # None: draft at any batch size; see the docstring
     gpu_memory_fraction: float = 0.8
     num_threads: int | None = None  # torch CPU threads; None: torch's default
     extra: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
@@ -102,3 +112,5 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens must be >= 1")
         if not 0.0 <= self.draft_confidence < 1.0:
             raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence}")
+        if self.draft_max_batch is not None and self.draft_max_batch < 1:
+            raise ValueError(f"draft_max_batch must be >= 1 or None, got {self.draft_max_batch}")

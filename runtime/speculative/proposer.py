@@ -42,10 +42,11 @@ class DraftRows(NamedTuple):
 class EagleProposer:
     def __init__(self, drafter: EagleDrafter, num_speculative_tokens: int,
                  aux_layer_ids: tuple[int, ...], device: torch.device,
-                 min_confidence: float = 0.0) -> None:
+                 min_confidence: float = 0.0, max_batch: int | None = None) -> None:
         self.drafter = drafter
         self.k = num_speculative_tokens
         self.min_confidence = min_confidence
+        self.max_batch = max_batch
         self.aux_layer_ids = aux_layer_ids
         self.device = device
         self.layer_names = drafter.layer_names
@@ -73,8 +74,8 @@ class EagleProposer:
         feats = features.index_select(0, torch.tensor(rows.feature_rows, device=self.device))
         hidden = self._run(rows.input_ids, rows.positions, feats, md)
         drafts: list[list[int]] = [[] for _ in out.scheduled]
-        if not rows.sampling:
-            return drafts
+        if not rows.sampling or self._skip_drafts(out, rows.sampling):
+            return drafts  # step 1 has still given the drafter this step's features
         last = torch.tensor(rows.last_rows, device=self.device)
         hidden = hidden.index_select(0, last)  # [num_sampling, H]
         gated = self.min_confidence > 0
@@ -105,6 +106,12 @@ class EagleProposer:
         for i, proposal in zip(rows.sampling, proposals, strict=True):
             drafts[i] = proposal
         return drafts
+
+    def _skip_drafts(self, out: SchedulerOutput, sampling: list[int]) -> bool:
+        """More requests sample than max_batch, all greedy (their outputs do not depend on
+        drafting; a request that samples always drafts, so its random draws stay the same)."""
+        return (self.max_batch is not None and len(sampling) > self.max_batch
+                and all(out.scheduled[i].seq.params.greedy for i in sampling))
 
     def _run(self, input_ids: list[int] | torch.Tensor, positions: list[int],
              features: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""draft_max_batch: greedy requests get no drafts in steps where more requests sample than the
+limit, and get them again as the batch drains; outputs are the target's either way, and requests
+that sample always draft (their seeded draws do not depend on the batch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.request import GenerationRequest
+from tests.drafter_fixtures import make_random_drafter
+
+MAX_TOKENS = (24, 6, 10, 30, 8, 16)  # unequal lengths: the batch drains from 6 to 1
+
+
+def _requests(params: SamplingParams | None = None) -> list[GenerationRequest]:
+    g = torch.Generator().manual_seed(0)
+    return [GenerationRequest(str(i), tuple(torch.randint(4, 250, (5 + 3 * i,),
+                                                          generator=g).tolist()),
+                              params or SamplingParams(max_tokens=n, ignore_eos=True))
+            for i, n in enumerate(MAX_TOKENS)]
+
+
+def _run(model_dir: Path, requests: list[GenerationRequest], **engine_kw: Any
+         ) -> tuple[dict[str, list[int]], list[tuple[int, bool]]]:
+    """Tokens per request, and per propose call: (requests sampling, any drafts returned)."""
+    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
+                                 max_num_seqs=6, **engine_kw))
+    calls: list[tuple[int, bool]] = []
+    if engine.proposer is not None:
+        propose = engine.proposer.propose
+
+        def recording(step: Any, out: Any, features: Any, emitted: list[Any],
+                      verified: list[int]) -> list[list[int]]:
+            drafts = propose(step, out, features, emitted, verified)
+            calls.append((sum(e is not None for e in emitted), any(drafts)))
+            return drafts
+        engine.proposer.propose = recording  # type: ignore[method-assign]
+    return {c.request_id: c.token_ids for c in engine.generate(requests)}, calls
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_random_drafter(tiny_model_dir, tmp_path_factory.mktemp("drafter"))
+
+
+def test_greedy_drafts_only_at_or_below_the_limit_and_outputs_stay_the_targets(
+        tiny_model_dir: Path, drafter: Path) -> None:
+    want, _ = _run(tiny_model_dir, _requests())
+    got, calls = _run(tiny_model_dir, _requests(), drafter=str(drafter),
+                      num_speculative_tokens=3, draft_max_batch=2)
+    assert got == want
+    assert [drafted for n, drafted in calls] == [0 < n <= 2 for n, _ in calls]
+    assert any(n > 2 for n, _ in calls) and any(0 < n <= 2 for n, _ in calls)
+
+
+def test_requests_that_sample_always_draft(tiny_model_dir: Path, drafter: Path) -> None:
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
+    unlimited, _ = _run(tiny_model_dir, _requests(params), drafter=str(drafter),
+                        num_speculative_tokens=3)
+    limited, calls = _run(tiny_model_dir, _requests(params), drafter=str(drafter),
+                          num_speculative_tokens=3, draft_max_batch=1)
+    assert limited == unlimited
+    assert all(drafted for n, drafted in calls if n > 1)
+
+
+def test_draft_max_batch_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="draft_max_batch"):
+        EngineConfig(draft_max_batch=0)
