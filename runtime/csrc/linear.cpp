@@ -1,7 +1,7 @@
-// y = x W^T + b for a few rows of x (decode and draft verification), on a copy of W packed in
-// panels of 64 output columns: panel p is a [K, 64] block holding columns 64p .. 64p + 63 of W^T
-// (zero past N), so a product streams each panel front to back once for up to 96 rows of x.
-// Registered as torch.ops.eaglebatch.panel_linear.
+// y = x W^T + b on a copy of W packed in panels of 64 output columns: panel p is a [K, 64] block
+// holding columns 64p .. 64p + 63 of W^T (zero past N), so a product streams each panel front to
+// back once per 96 rows of x: at a few rows (decode, draft verification) it runs at the speed of
+// reading the weights. Registered as torch.ops.eaglebatch.panel_linear.
 //
 // Each output y[m, n] is one chain of fused multiply-adds over k = 0 .. K-1 in order, then + b[n],
 // whatever the number of rows and wherever row m falls in its tile: a row's result does not depend
@@ -25,10 +25,10 @@
 
 namespace {
 
-constexpr int64_t kPanel = 64;     // output columns per panel
-constexpr int64_t kMaxRows = 6;    // rows per register tile (6 x 4 accumulators of 16 floats)
-constexpr int64_t kChunk = 96;     // rows per pass over the panels
-constexpr int64_t kAhead = 8;   // panel rows prefetched ahead (one 256-byte row per input)
+constexpr int64_t kPanel = 64;   // output columns per panel
+constexpr int64_t kMaxRows = 6;  // rows per register tile (6 x 4 accumulators of 16 floats)
+constexpr int64_t kChunk = 96;   // rows per pass over the panels
+constexpr int64_t kAhead = 8;    // panel rows prefetched ahead (one 256-byte row per input)
 
 // Rows x 64 outputs of one panel, written to y[0 .. Rows-1][0 .. cols-1].
 template <int Rows>
