@@ -52,9 +52,10 @@ def main() -> None:
               type=click.IntRange(0),
               help="Greedy requests get no drafts in steps with more than this many requests "
                    "(on the CPU verifying drafts costs more than it saves at larger batches: "
-                   "the shipped drafter gains 1.3x at batch 1, loses at 8 and above); drafting "
-                   "resumes as the batch drains. 0: draft at any batch. Requests that sample "
-                   "always draft. Outputs are the same either way.")
+                   "the shipped drafter gains 1.3x at batch 1, loses at 8 and above); such "
+                   "steps skip the drafter, which catches up when the batch drains. 0: draft at "
+                   "any batch. Requests that sample always draft. Outputs are the same either "
+                   "way.")
 @click.option("--attention-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "torch", "cpu", "flash"]),
               help="auto: flash-attn on CUDA when installed, the C++ paged kernel on CPU when it "

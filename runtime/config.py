@@ -74,9 +74,10 @@ class EngineConfig:
         drafts that would likely be rejected; 0 keeps all k. Outputs are the same either way.
     draft_max_batch: greedy requests get no drafts in a step with more than this many requests
         sampling (where verifying drafts costs more than it saves); None drafts at any batch.
-        The drafter still reads every step's target features, so drafting resumes as the batch
-        drains. Greedy outputs are the same either way; requests that sample always draft, so
-        their seeded random draws do not depend on the batch.
+        Such steps do not run the drafter at all: the target features of their positions are
+        kept (one feature vector per token) and the drafter reads them in the next step that
+        drafts, as the batch drains. Greedy outputs are the same either way; requests that
+        sample always draft, so their seeded random draws do not depend on the batch.
     """
 
     model: str = DEFAULT_MODEL

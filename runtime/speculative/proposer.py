@@ -13,6 +13,10 @@ Worked example (k = 3): a request had token_ids t0..t9 (10 tokens, 9 computed) a
     step 2: position [12], input id [a] -> b;   step 3: position [13], input id [b] -> c
 Rejected d2's KV (position 12) is overwritten by step 2 here and by the target next step; slots
 past the computed tokens are never read before they are rewritten.
+
+A step that drafts nothing (more greedy requests than max_batch) does not run the drafter: each
+request's step-1 rows (input ids, target features) are stashed and put in front of its rows in the
+next step that drafts, so the drafter's KV ends up the same, written later.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class DraftRows(NamedTuple):
     input_ids: list[int]
     positions: list[int]
     feature_rows: list[int]  # rows of the target's features
+    starts: list[int]  # per scheduled request: its first position in this batch
     query_lens: list[int]
     last_rows: list[int]  # per sampling request: its last row in this flat batch
     sampling: list[int]  # indices (into SchedulerOutput.scheduled) of sampling requests
@@ -47,6 +52,8 @@ class EagleProposer:
         self.k = num_speculative_tokens
         self.min_confidence = min_confidence
         self.max_batch = max_batch
+        # request id -> (first position, input ids, target features) the drafter has not read
+        self._stashed: dict[str, tuple[int, list[int], torch.Tensor]] = {}
         self.aux_layer_ids = aux_layer_ids
         self.device = device
         self.layer_names = drafter.layer_names
@@ -66,16 +73,20 @@ class EagleProposer:
     def propose(self, step: StepInputs, out: SchedulerOutput, features: torch.Tensor,
                 emitted: list[list[int] | None], verified: list[int]) -> list[list[int]]:
         rows = self._first_step_rows(step, out, emitted, verified)
-        tables = step.block_tables
-        seq_lens = [s.start + n for s, n in zip(out.scheduled, rows.query_lens, strict=True)]
-        slots = [slot for s, n, t in zip(out.scheduled, rows.query_lens, tables, strict=True)
-                 for slot in compute_slot_mapping(t, range(s.start, s.start + n), self.block_size)]
-        md = build_attention_metadata(rows.query_lens, seq_lens, tables, slots, self.device)
         feats = features.index_select(0, torch.tensor(rows.feature_rows, device=self.device))
-        hidden = self._run(rows.input_ids, rows.positions, feats, md)
         drafts: list[list[int]] = [[] for _ in out.scheduled]
-        if not rows.sampling or self._skip_drafts(out, rows.sampling):
-            return drafts  # step 1 has still given the drafter this step's features
+        if rows.sampling and self._skip_drafts(out, rows.sampling):
+            self._stash(out, rows, feats)
+            return drafts
+        rows, feats = self._with_stashed(out, rows, feats)
+        tables = step.block_tables
+        seq_lens = [p + n for p, n in zip(rows.starts, rows.query_lens, strict=True)]
+        slots = [slot for p, n, t in zip(rows.starts, rows.query_lens, tables, strict=True)
+                 for slot in compute_slot_mapping(t, range(p, p + n), self.block_size)]
+        md = build_attention_metadata(rows.query_lens, seq_lens, tables, slots, self.device)
+        hidden = self._run(rows.input_ids, rows.positions, feats, md)
+        if not rows.sampling:
+            return drafts
         last = torch.tensor(rows.last_rows, device=self.device)
         hidden = hidden.index_select(0, last)  # [num_sampling, H]
         gated = self.min_confidence > 0
@@ -107,6 +118,52 @@ class EagleProposer:
             drafts[i] = proposal
         return drafts
 
+    def _stash(self, out: SchedulerOutput, rows: DraftRows, feats: torch.Tensor) -> None:
+        """A step without drafts: instead of running the drafter, keep each request's new
+        positions (input ids and target features) for the next step that drafts. A request's
+        stash must end where its next rows start; one that does not (preempted and recomputed)
+        or that is not scheduled (finished) is dropped."""
+        stash: dict[str, tuple[int, list[int], torch.Tensor]] = {}
+        offset = 0
+        for (seq, _, _), start, n in zip(out.scheduled, rows.starts, rows.query_lens, strict=True):
+            ids, rows_feats = rows.input_ids[offset:offset + n], feats[offset:offset + n]
+            offset += n
+            kept = self._stashed.get(seq.request_id)
+            if kept is not None and kept[0] + len(kept[1]) == start:
+                stash[seq.request_id] = (kept[0], kept[1] + ids, torch.cat([kept[2], rows_feats]))
+            else:
+                stash[seq.request_id] = (start, ids, rows_feats)
+        self._stashed = stash
+
+    def _with_stashed(self, out: SchedulerOutput, rows: DraftRows, feats: torch.Tensor
+                      ) -> tuple[DraftRows, torch.Tensor]:
+        """rows with each request's stashed positions put in front of its own (the drafter
+        writes their KV in this step 1); empties the stash."""
+        stash, self._stashed = self._stashed, {}
+        if not stash:
+            return rows, feats
+        r = DraftRows([], [], [], [], [], [], rows.sampling)
+        pieces: list[torch.Tensor] = []
+        offset = 0
+        for i, ((seq, _, _), start, n) in enumerate(zip(out.scheduled, rows.starts,
+                                                         rows.query_lens, strict=True)):
+            kept = stash.get(seq.request_id)
+            if kept is not None and kept[0] + len(kept[1]) == start:
+                first, ids, kept_feats = kept
+                r.input_ids.extend(ids)
+                pieces.append(kept_feats)
+            else:
+                first = start
+            r.input_ids.extend(rows.input_ids[offset:offset + n])
+            pieces.append(feats[offset:offset + n])
+            offset += n
+            r.positions.extend(range(first, start + n))
+            r.starts.append(first)
+            r.query_lens.append(start + n - first)
+            if i in rows.sampling:
+                r.last_rows.append(len(r.input_ids) - 1)
+        return r, torch.cat(pieces)
+
     def _skip_drafts(self, out: SchedulerOutput, sampling: list[int]) -> bool:
         """More requests sample than max_batch, all greedy (their outputs do not depend on
         drafting; a request that samples always drafts, so its random draws stay the same)."""
@@ -121,7 +178,7 @@ class EagleProposer:
 
     def _first_step_rows(self, step: StepInputs, out: SchedulerOutput,
                          emitted: list[list[int] | None], verified: list[int]) -> DraftRows:
-        r = DraftRows([], [], [], [], [], [])
+        r = DraftRows([], [], [], [], [], [], [])
         for i, (seq, start, n) in enumerate(out.scheduled):
             new = emitted[i]
             # verified positions: all fed tokens except the rejected drafts
@@ -131,6 +188,7 @@ class EagleProposer:
             r.input_ids.extend(tokens[start + 1:start + valid + 1])
             r.positions.extend(range(start, start + valid))
             r.feature_rows.extend(range(offset, offset + valid))
+            r.starts.append(start)
             r.query_lens.append(valid)
             if new is not None:
                 r.last_rows.append(len(r.input_ids) - 1)

@@ -72,3 +72,53 @@ def test_requests_that_sample_always_draft(tiny_model_dir: Path, drafter: Path) 
 def test_draft_max_batch_must_be_positive() -> None:
     with pytest.raises(ValueError, match="draft_max_batch"):
         EngineConfig(draft_max_batch=0)
+
+
+def test_steps_without_drafts_skip_the_drafter_and_it_reads_every_position_later(
+        tiny_model_dir: Path, drafter: Path) -> None:
+    """Over the limit the drafter does not run; the positions of those steps are fed to it, in
+    order and without a gap, in the next step that drafts (so its KV is complete)."""
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                 kv_cache_memory=1 << 20, max_num_seqs=6,
+                                 drafter=str(drafter), num_speculative_tokens=3,
+                                 draft_max_batch=2))
+    proposer = engine.proposer
+    assert proposer is not None
+    fed: dict[str, list[tuple[int, int]]] = {}
+    forwards: list[int] = []
+    skipped = 0
+    propose, with_stashed, forward = (proposer.propose, proposer._with_stashed,
+                                      proposer.drafter.forward)
+
+    def recording_with_stashed(out: Any, rows: Any, feats: Any) -> Any:
+        rows, feats = with_stashed(out, rows, feats)
+        for (seq, _, _), start, n in zip(out.scheduled, rows.starts, rows.query_lens, strict=True):
+            fed.setdefault(seq.request_id, []).append((start, start + n))
+        return rows, feats
+
+    def counting_forward(*args: Any, **kwargs: Any) -> Any:
+        forwards[-1] += 1
+        return forward(*args, **kwargs)
+
+    def recording_propose(step: Any, out: Any, features: Any, emitted: list[Any],
+                          verified: list[int]) -> list[list[int]]:
+        nonlocal skipped
+        forwards.append(0)
+        drafts = propose(step, out, features, emitted, verified)
+        if sum(e is not None for e in emitted) > 2:
+            assert forwards[-1] == 0 and not any(drafts)
+            skipped += 1
+        return drafts
+
+    proposer._with_stashed = recording_with_stashed  # type: ignore[method-assign]
+    proposer.drafter.forward = counting_forward  # type: ignore[method-assign]
+    proposer.propose = recording_propose  # type: ignore[method-assign]
+    done = {c.request_id: c for c in engine.generate(_requests())}
+    assert skipped > 0
+    for request_id, ranges in fed.items():
+        assert ranges[0][0] == 0, request_id
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    drafted = [r for r, c in done.items() if c.num_drafted]
+    assert drafted  # the batch drained below the limit
+    for r in drafted:  # a request that drafted had the drafter read all of its prompt first
+        assert fed[r][-1][1] > len(done[r].prompt_token_ids)
