@@ -14,9 +14,10 @@ Worked example (k = 3): a request had token_ids t0..t9 (10 tokens, 9 computed) a
 Rejected d2's KV (position 12) is overwritten by step 2 here and by the target next step; slots
 past the computed tokens are never read before they are rewritten.
 
-A step that drafts nothing (more greedy requests than max_batch) does not run the drafter: each
-request's step-1 rows (input ids, target features) are stashed and put in front of its rows in the
-next step that drafts, so the drafter's KV ends up the same, written later.
+A step that drafts nothing (more greedy requests than max_batch) runs the drafter only over prompt
+positions (their blocks may serve later requests through the prefix cache): each other request's
+step-1 rows (input ids, target features) are stashed and put in front of its rows in the next step
+that drafts, so the drafter's KV ends up the same, written later.
 """
 
 from __future__ import annotations
@@ -75,16 +76,19 @@ class EagleProposer:
         rows = self._first_step_rows(step, out, emitted, verified)
         feats = features.index_select(0, torch.tensor(rows.feature_rows, device=self.device))
         drafts: list[list[int]] = [[] for _ in out.scheduled]
+        tables = step.block_tables
         if rows.sampling and self._skip_drafts(out, rows.sampling):
-            self._stash(out, rows, feats)
+            # Prompt positions go to the drafter now: their blocks may be reused by the prefix
+            # cache, drafter KV included, after this request is gone. The rest waits.
+            prompt = [i for i, (seq, start, _) in enumerate(out.scheduled)
+                      if start < seq.num_prompt_tokens]
+            self._stash(out, rows, feats, set(prompt))
+            if prompt:
+                sub, sub_feats = _select(rows, feats, prompt)
+                self._step_one(sub, sub_feats, [tables[i] for i in prompt])
             return drafts
         rows, feats = self._with_stashed(out, rows, feats)
-        tables = step.block_tables
-        seq_lens = [p + n for p, n in zip(rows.starts, rows.query_lens, strict=True)]
-        slots = [slot for p, n, t in zip(rows.starts, rows.query_lens, tables, strict=True)
-                 for slot in compute_slot_mapping(t, range(p, p + n), self.block_size)]
-        md = build_attention_metadata(rows.query_lens, seq_lens, tables, slots, self.device)
-        hidden = self._run(rows.input_ids, rows.positions, feats, md)
+        hidden, seq_lens = self._step_one(rows, feats, tables)
         if not rows.sampling:
             return drafts
         last = torch.tensor(rows.last_rows, device=self.device)
@@ -118,16 +122,30 @@ class EagleProposer:
             drafts[i] = proposal
         return drafts
 
-    def _stash(self, out: SchedulerOutput, rows: DraftRows, feats: torch.Tensor) -> None:
+    def _step_one(self, rows: DraftRows, feats: torch.Tensor, tables: list[list[int]]
+                  ) -> tuple[torch.Tensor, list[int]]:
+        """Draft step 1 over `rows` (writes the drafter's KV for their positions); returns its
+        hidden states and each request's sequence length after it."""
+        seq_lens = [p + n for p, n in zip(rows.starts, rows.query_lens, strict=True)]
+        slots = [slot for p, n, t in zip(rows.starts, rows.query_lens, tables, strict=True)
+                 for slot in compute_slot_mapping(t, range(p, p + n), self.block_size)]
+        md = build_attention_metadata(rows.query_lens, seq_lens, tables, slots, self.device)
+        return self._run(rows.input_ids, rows.positions, feats, md), seq_lens
+
+    def _stash(self, out: SchedulerOutput, rows: DraftRows, feats: torch.Tensor,
+               skip: set[int]) -> None:
         """A step without drafts: instead of running the drafter, keep each request's new
-        positions (input ids and target features) for the next step that drafts. A request's
-        stash must end where its next rows start; one that does not (preempted and recomputed)
-        or that is not scheduled (finished) is dropped."""
+        positions (input ids and target features) for the next step that drafts, except the
+        requests in `skip`. A request's stash must end where its next rows start; one that does
+        not (preempted and recomputed) or that is not scheduled (finished) is dropped."""
         stash: dict[str, tuple[int, list[int], torch.Tensor]] = {}
         offset = 0
-        for (seq, _, _), start, n in zip(out.scheduled, rows.starts, rows.query_lens, strict=True):
+        for i, ((seq, _, _), start, n) in enumerate(zip(out.scheduled, rows.starts,
+                                                         rows.query_lens, strict=True)):
             ids, rows_feats = rows.input_ids[offset:offset + n], feats[offset:offset + n]
             offset += n
+            if i in skip:
+                continue
             kept = self._stashed.get(seq.request_id)
             if kept is not None and kept[0] + len(kept[1]) == start:
                 stash[seq.request_id] = (kept[0], kept[1] + ids, torch.cat([kept[2], rows_feats]))
@@ -194,3 +212,19 @@ class EagleProposer:
                 r.last_rows.append(len(r.input_ids) - 1)
                 r.sampling.append(i)
         return r
+
+
+def _select(rows: DraftRows, feats: torch.Tensor, keep: list[int]
+            ) -> tuple[DraftRows, torch.Tensor]:
+    """The step-1 rows of the scheduled requests `keep` (sorted), without sampling."""
+    r = DraftRows([], [], [], [], [], [], [])
+    pieces, offset, wanted = [], 0, set(keep)
+    for i, (start, n) in enumerate(zip(rows.starts, rows.query_lens, strict=True)):
+        if i in wanted:
+            r.input_ids.extend(rows.input_ids[offset:offset + n])
+            r.positions.extend(rows.positions[offset:offset + n])
+            r.starts.append(start)
+            r.query_lens.append(n)
+            pieces.append(feats[offset:offset + n])
+        offset += n
+    return r, torch.cat(pieces)

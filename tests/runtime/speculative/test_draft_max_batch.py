@@ -74,10 +74,11 @@ def test_draft_max_batch_must_be_positive() -> None:
         EngineConfig(draft_max_batch=0)
 
 
-def test_steps_without_drafts_skip_the_drafter_and_it_reads_every_position_later(
+def test_steps_without_drafts_stash_decode_rows_and_the_drafter_reads_every_position_later(
         tiny_model_dir: Path, drafter: Path) -> None:
-    """Over the limit the drafter does not run; the positions of those steps are fed to it, in
-    order and without a gap, in the next step that drafts (so its KV is complete)."""
+    """Over the limit the drafter runs only over prompt rows; the decode positions of those steps
+    are fed to it, in order and without a gap, in the next step that drafts (so its KV is
+    complete)."""
     engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
                                  kv_cache_memory=1 << 20, max_num_seqs=6,
                                  drafter=str(drafter), num_speculative_tokens=3,
@@ -85,40 +86,38 @@ def test_steps_without_drafts_skip_the_drafter_and_it_reads_every_position_later
     proposer = engine.proposer
     assert proposer is not None
     fed: dict[str, list[tuple[int, int]]] = {}
-    forwards: list[int] = []
-    skipped = 0
-    propose, with_stashed, forward = (proposer.propose, proposer._with_stashed,
-                                      proposer.drafter.forward)
+    skipped: list[bool] = []
+    scheduled: list[Any] = []
+    propose, step_one = proposer.propose, proposer._step_one
 
-    def recording_with_stashed(out: Any, rows: Any, feats: Any) -> Any:
-        rows, feats = with_stashed(out, rows, feats)
-        for (seq, _, _), start, n in zip(out.scheduled, rows.starts, rows.query_lens, strict=True):
+    def recording_step_one(rows: Any, feats: Any, tables: Any) -> Any:
+        seqs = scheduled[-1]
+        if len(rows.starts) < len(seqs):  # a step without drafts: its prompt rows only
+            seqs = [s for s, start, _ in seqs if start < s.num_prompt_tokens]
+            assert skipped[-1]
+        else:  # a drafting step, or one without drafts where every row is a prompt row
+            assert not skipped[-1] or all(start < s.num_prompt_tokens for s, start, _ in seqs)
+            seqs = [s for s, _, _ in seqs]
+        for seq, start, n in zip(seqs, rows.starts, rows.query_lens, strict=True):
             fed.setdefault(seq.request_id, []).append((start, start + n))
-        return rows, feats
-
-    def counting_forward(*args: Any, **kwargs: Any) -> Any:
-        forwards[-1] += 1
-        return forward(*args, **kwargs)
+        return step_one(rows, feats, tables)
 
     def recording_propose(step: Any, out: Any, features: Any, emitted: list[Any],
                           verified: list[int]) -> list[list[int]]:
-        nonlocal skipped
-        forwards.append(0)
+        scheduled.append(out.scheduled)
+        skipped.append(sum(e is not None for e in emitted) > 2)
         drafts = propose(step, out, features, emitted, verified)
-        if sum(e is not None for e in emitted) > 2:
-            assert forwards[-1] == 0 and not any(drafts)
-            skipped += 1
+        assert not (skipped[-1] and any(drafts))
         return drafts
 
-    proposer._with_stashed = recording_with_stashed  # type: ignore[method-assign]
-    proposer.drafter.forward = counting_forward  # type: ignore[method-assign]
+    proposer._step_one = recording_step_one  # type: ignore[method-assign]
     proposer.propose = recording_propose  # type: ignore[method-assign]
     done = {c.request_id: c for c in engine.generate(_requests())}
-    assert skipped > 0
-    for request_id, ranges in fed.items():
-        assert ranges[0][0] == 0, request_id
+    assert any(skipped)
+    for ranges in fed.values():
+        assert ranges[0][0] == 0
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
     drafted = [r for r, c in done.items() if c.num_drafted]
     assert drafted  # the batch drained below the limit
-    for r in drafted:  # a request that drafted had the drafter read all of its prompt first
+    for r in drafted:  # a request that drafted had the drafter read its prompt and more
         assert fed[r][-1][1] > len(done[r].prompt_token_ids)
