@@ -5,10 +5,10 @@
 - panel_linear: Linear products of a few rows on a panel-packed weight (runtime.cpu_gemm);
 - argmax_rows: the greedy sampler's argmax.
 
-The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about half a minute the first
-time) with -march=native, cached by torch under its extensions directory with the CPU's feature
-flags in the name. Where it cannot be built, every user falls back to plain torch;
-EAGLEBATCH_CPU_KERNEL=0 turns the kernels off.
+The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about 15 s the first time)
+with -march=native, cached by torch under its extensions directory with the CPU's feature flags
+and a hash of the sources in the name. Where it cannot be built, every user falls back to plain
+torch; EAGLEBATCH_CPU_KERNEL=0 turns the kernels off.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _build() -> bool:
     name = f"eaglebatch_cpu_{_machine_tag()}"
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     if not (build_dir / f"{name}.so").exists():
-        print("eaglebatch: compiling the CPU kernels (once per machine, ~30 s)", file=sys.stderr,
+        print("eaglebatch: compiling the CPU kernels (once per machine, ~15 s)", file=sys.stderr,
               flush=True)
     cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
                        extra_cflags=["-O3", "-march=native"], is_python_module=False,
