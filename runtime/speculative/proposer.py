@@ -22,6 +22,7 @@ that drafts, so the drafter's KV ends up the same, written later.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -139,48 +140,45 @@ class EagleProposer:
         requests in `skip`. A request's stash must end where its next rows start; one that does
         not (preempted and recomputed) or that is not scheduled (finished) is dropped."""
         stash: dict[str, tuple[int, list[int], torch.Tensor]] = {}
-        offset = 0
-        for i, ((seq, _, _), start, n) in enumerate(zip(out.scheduled, rows.starts,
-                                                         rows.query_lens, strict=True)):
-            ids, rows_feats = rows.input_ids[offset:offset + n], feats[offset:offset + n]
-            offset += n
+        for i, start, _, ids, part in _per_request(rows, feats):
             if i in skip:
                 continue
-            kept = self._stashed.get(seq.request_id)
-            if kept is not None and kept[0] + len(kept[1]) == start:
-                stash[seq.request_id] = (kept[0], kept[1] + ids, torch.cat([kept[2], rows_feats]))
-            else:
-                stash[seq.request_id] = (start, ids, rows_feats)
+            request_id = out.scheduled[i].seq.request_id
+            kept = self._stash_ending_at(request_id, start)
+            stash[request_id] = ((start, ids, part) if kept is None
+                                 else (kept[0], kept[1] + ids, torch.cat([kept[2], part])))
         self._stashed = stash
 
     def _with_stashed(self, out: SchedulerOutput, rows: DraftRows, feats: torch.Tensor
                       ) -> tuple[DraftRows, torch.Tensor]:
         """rows with each request's stashed positions put in front of its own (the drafter
         writes their KV in this step 1); empties the stash."""
-        stash, self._stashed = self._stashed, {}
-        if not stash:
+        if not self._stashed:
             return rows, feats
         r = DraftRows([], [], [], [], [], [], rows.sampling)
         pieces: list[torch.Tensor] = []
-        offset = 0
-        for i, ((seq, _, _), start, n) in enumerate(zip(out.scheduled, rows.starts,
-                                                         rows.query_lens, strict=True)):
-            kept = stash.get(seq.request_id)
-            if kept is not None and kept[0] + len(kept[1]) == start:
-                first, ids, kept_feats = kept
-                r.input_ids.extend(ids)
-                pieces.append(kept_feats)
-            else:
-                first = start
-            r.input_ids.extend(rows.input_ids[offset:offset + n])
-            pieces.append(feats[offset:offset + n])
-            offset += n
+        for i, start, n, ids, part in _per_request(rows, feats):
+            first = start
+            kept = self._stash_ending_at(out.scheduled[i].seq.request_id, start)
+            if kept is not None:
+                first = kept[0]
+                r.input_ids.extend(kept[1])
+                pieces.append(kept[2])
+            r.input_ids.extend(ids)
+            pieces.append(part)
             r.positions.extend(range(first, start + n))
             r.starts.append(first)
             r.query_lens.append(start + n - first)
             if i in rows.sampling:
                 r.last_rows.append(len(r.input_ids) - 1)
+        self._stashed = {}
         return r, torch.cat(pieces)
+
+    def _stash_ending_at(self, request_id: str, start: int
+                         ) -> tuple[int, list[int], torch.Tensor] | None:
+        """The request's stash if it ends right before `start` (else it is stale)."""
+        kept = self._stashed.get(request_id)
+        return kept if kept is not None and kept[0] + len(kept[1]) == start else None
 
     def _skip_drafts(self, out: SchedulerOutput, sampling: list[int]) -> bool:
         """More requests sample than max_batch, all greedy (their outputs do not depend on
@@ -214,17 +212,27 @@ class EagleProposer:
         return r
 
 
+def _per_request(rows: DraftRows, feats: torch.Tensor
+                 ) -> Iterator[tuple[int, int, int, list[int], torch.Tensor]]:
+    """(scheduled index, first position, number of rows, their input ids, their features) of each
+    scheduled request in step-1 `rows`."""
+    offset = 0
+    for i, (start, n) in enumerate(zip(rows.starts, rows.query_lens, strict=True)):
+        yield i, start, n, rows.input_ids[offset:offset + n], feats[offset:offset + n]
+        offset += n
+
+
 def _select(rows: DraftRows, feats: torch.Tensor, keep: list[int]
             ) -> tuple[DraftRows, torch.Tensor]:
-    """The step-1 rows of the scheduled requests `keep` (sorted), without sampling."""
+    """The step-1 rows of the scheduled requests `keep`, without sampling."""
     r = DraftRows([], [], [], [], [], [], [])
-    pieces, offset, wanted = [], 0, set(keep)
-    for i, (start, n) in enumerate(zip(rows.starts, rows.query_lens, strict=True)):
+    pieces = []
+    wanted = set(keep)
+    for i, start, n, ids, part in _per_request(rows, feats):
         if i in wanted:
-            r.input_ids.extend(rows.input_ids[offset:offset + n])
-            r.positions.extend(rows.positions[offset:offset + n])
+            r.input_ids.extend(ids)
+            r.positions.extend(range(start, start + n))
             r.starts.append(start)
             r.query_lens.append(n)
-            pieces.append(feats[offset:offset + n])
-        offset += n
+            pieces.append(part)
     return r, torch.cat(pieces)
