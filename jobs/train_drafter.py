@@ -64,6 +64,20 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--max-answer-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--max-train-prompts", default=None, type=click.IntRange(1),
               help="Use only the first N training prompts.")
+@click.option("--answer-samples", default=0, show_default=True, type=click.IntRange(0),
+              help="Sampled answers per prompt besides the greedy one (seeded, so reruns draw "
+                   "the same): more distinct text for the drafter from the same prompts.")
+@click.option("--answer-temperature", default=0.7, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="Temperature of the sampled answers.")
+@click.option("--data-dtype", default="bfloat16", show_default=True,
+              type=click.Choice(["float32", "bfloat16"]),
+              help="Target dtype while making answers and features (float32 matches what "
+                   "generation runs on a CPU).")
+@click.option("--init-drafter", default=None, type=click.Path(exists=True, file_okay=False,
+              path_type=Path), help="Start from this drafter's weights (same style and layer "
+              "count) instead of the target's last layers: fine-tuning, e.g. on more data. The "
+              "optimizer and schedule start afresh.")
 @click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(0, min_open=True))
 @click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(0))
 @click.option("--batch-tokens", default=4096, show_default=True, type=click.IntRange(64))
@@ -81,7 +95,9 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                   num_speculative_tokens: int, draft_vocab_size: int | None,
                   draft_head_size: int | None, unroll: int | None,
                   max_steps: int | None, time_budget: str | None, resume: bool,
-                  max_answer_tokens: int, max_train_prompts: int | None, lr: float,
+                  max_answer_tokens: int, max_train_prompts: int | None,
+                  answer_samples: int, answer_temperature: float, data_dtype: str,
+                  init_drafter: Path | None, lr: float,
                   warmup_steps: int, batch_tokens: int, token_loss_weight: float,
                   bf16_autocast: bool,
                   eval_prompts: Path | None, num_eval: int, eval_max_tokens: int) -> None:
@@ -99,7 +115,9 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
         model=model, prompt_ids=ids, prompts=prompts, out_dir=out_dir, train=train,
         num_layers=layers, style=style, num_speculative_tokens=num_speculative_tokens,
         draft_vocab_size=draft_vocab_size, draft_head_size=draft_head_size,
-        max_answer_tokens=max_answer_tokens, resume=resume,
+        max_answer_tokens=max_answer_tokens, answer_samples=answer_samples,
+        answer_temperature=answer_temperature, data_dtype=data_dtype,
+        init_drafter=init_drafter, resume=resume,
         eval_prompts=evals, eval_max_tokens=eval_max_tokens, prompts_source=prompts_path.name))
 
 

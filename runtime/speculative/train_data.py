@@ -1,8 +1,12 @@
 """Training data for a drafter: the target's own answers, then its features over them.
 
 Two stages, each resumable, both under DATA_DIR:
-1. answers.jsonl — one line per training prompt: {"id", "prompt_ids", "answer_ids"}, the target's
-   greedy answer generated with our Engine (chat template applied, as the generate job does).
+1. answers.jsonl — one line per answer: {"id", "prompt_ids", "answer_ids"}, the target's greedy
+   answer to each training prompt (id = the prompt's id), generated with our Engine (chat template
+   applied, as the generate job does), plus `samples` sampled answers per prompt (ids
+   "<prompt id>#s1", "#s2", ...; seeded from the id, so a rerun draws the same text). Sampled
+   answers are other texts the target writes, in its own style: more distinct contexts for the
+   drafter from the same prompts (the feature loss still teaches the target's own next state).
    Lines are appended as requests finish; a rerun skips ids already present.
 2. features-NNNNN.safetensors — the teacher-forced pass of the target over prompt+answer, in shards
    of `shard_size` sequences, packed: input_ids [T], features [T, F] (fp16), seq_starts [S+1]
@@ -18,11 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from runtime.config import EngineConfig, SamplingParams
@@ -47,23 +53,36 @@ def render_prompts(prompts: Sequence[str], tokenizer: Any) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
+def answer_plan(ids: Sequence[str], samples: int = 0) -> list[tuple[str, int, int | None]]:
+    """(answer id, prompt index, seed or None for greedy) of every answer: each prompt's greedy
+    answer first, then its sampled ones."""
+    plan: list[tuple[str, int, int | None]] = [(i, n, None) for n, i in enumerate(ids)]
+    for j in range(1, samples + 1):
+        plan += [(f"{i}#s{j}", n, zlib.crc32(f"{i}#s{j}".encode())) for n, i in enumerate(ids)]
+    return plan
+
+
 def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: Sequence[str],
-                     data_dir: Path, max_answer_tokens: int,
-                     progress: Any = None) -> Path:
-    """Appends the target's greedy answer for every prompt not yet in answers.jsonl."""
+                     data_dir: Path, max_answer_tokens: int, progress: Any = None,
+                     samples: int = 0, temperature: float = 0.7) -> Path:
+    """Appends every answer of answer_plan(ids, samples) not yet in answers.jsonl."""
     from runtime.engine import Engine  # noqa: PLC0415 (heavy; only this stage needs it)
 
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / ANSWERS
     done = {row["id"] for row in read_answers(path)}
-    todo = [(i, p) for i, p in zip(ids, prompts, strict=True) if i not in done]
+    todo = [a for a in answer_plan(ids, samples) if a[0] not in done]
     if not todo:
         return path
     engine = Engine(engine_config)
-    token_ids = render_prompts([p for _, p in todo], engine.tokenizer)
-    params = SamplingParams(max_tokens=max_answer_tokens)
-    requests = (GenerationRequest(i, tuple(t), params)
-                for (i, _), t in zip(todo, token_ids, strict=True))
+    needed = sorted({n for _, n, _ in todo})
+    rendered = dict(zip(needed, render_prompts([prompts[n] for n in needed], engine.tokenizer),
+                        strict=True))
+    greedy = SamplingParams(max_tokens=max_answer_tokens)
+    requests = (GenerationRequest(i, tuple(rendered[n]), greedy if seed is None else
+                                  SamplingParams(max_tokens=max_answer_tokens,
+                                                 temperature=temperature, seed=seed))
+                for i, n, seed in todo)
     with path.open("a") as f:
         for c in engine.generate(requests):
             if c.finish_reason == "error" or not c.token_ids:
@@ -102,6 +121,12 @@ def write_shard(path: Path, shard: PackedShard) -> None:
 def read_shard(path: Path) -> PackedShard:
     t = load_file(str(path))
     return PackedShard(t["input_ids"], t["features"], t["seq_starts"], t["loss_start"])
+
+
+def shard_rows(path: Path) -> int:
+    """Sequences in a shard, read without loading its features."""
+    with safe_open(str(path), "pt") as f:
+        return f.get_slice("loss_start").get_shape()[0]
 
 
 def feature_layers(style: str, aux_layer_ids: tuple[int, ...]) -> tuple[int, ...]:
@@ -161,7 +186,9 @@ def build_feature_shards(model_dir: Path, data_dir: Path, layers: tuple[int, ...
     if chunks and not include_partial and len(chunks[-1]) < shard_size:
         chunks.pop()
     paths = [shard_path(data_dir, i) for i in range(len(chunks))]
-    missing = [i for i, p in enumerate(paths) if not p.is_file()]
+    # a shard written for a shorter last chunk (answers added since) is rebuilt
+    missing = [i for i, p in enumerate(paths)
+               if not p.is_file() or shard_rows(p) != len(chunks[i])]
     if missing:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         model.eval()

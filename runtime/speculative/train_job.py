@@ -27,9 +27,10 @@ from runtime.model import CausalLM, head_dim_of
 from runtime.rope import RotaryEmbedding
 from runtime.speculative.checkpoint import drafter_config_dict
 from runtime.speculative.drafter import EagleDrafter
-from runtime.speculative.loader import to_public_names
+from runtime.speculative.loader import load_drafter_checkpoint, to_public_names
 from runtime.speculative.train_data import (
     ANSWERS,
+    answer_plan,
     build_feature_shards,
     feature_layers,
     generate_answers,
@@ -53,7 +54,10 @@ class TrainDrafterJob:
     draft_vocab_size: int | None = None  # EAGLE-3: draft vocabulary; EAGLE-1: token-loss vocab
     draft_head_size: int | None = None  # EAGLE-1: own head of this many frequent tokens, + d2t
     max_answer_tokens: int = 128
-    data_dtype: str = "bfloat16"  # dtype of the target while making data (bfloat16 is faster)
+    answer_samples: int = 0  # sampled answers per prompt, besides the greedy one
+    answer_temperature: float = 0.7
+    data_dtype: str = "bfloat16"  # dtype of the target while making data
+    init_drafter: Path | None = None  # start from this drafter's weights (fine-tuning)
     save_dtype: str = "bfloat16"
     init_from_target: bool = True
     resume: bool = False
@@ -71,10 +75,11 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
         raise FileExistsError(f"{job.out_dir} holds a training checkpoint; pass --resume")
     engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
                                  max_model_len=min(2048, target_config.max_position_embeddings))
-    with tqdm(total=len(job.prompts), desc="answers", unit="seq") as bar:
-        bar.update(len(read_answers(data_dir / ANSWERS)))
+    planned = {a for a, _, _ in answer_plan(job.prompt_ids, job.answer_samples)}
+    with tqdm(total=len(planned), desc="answers", unit="seq") as bar:
+        bar.update(sum(r["id"] in planned for r in read_answers(data_dir / ANSWERS)))
         generate_answers(engine_config, job.prompt_ids, job.prompts, data_dir,
-                         job.max_answer_tokens, bar)
+                         job.max_answer_tokens, bar, job.answer_samples, job.answer_temperature)
     aux = (2, target_config.num_hidden_layers // 2, target_config.num_hidden_layers - 3)
     rows = read_answers(data_dir / ANSWERS)
     with tqdm(total=len(rows), desc="features", unit="seq") as bar:
@@ -128,7 +133,9 @@ def build_drafter(target: CausalLM, job: TrainDrafterJob, vocab: torch.Tensor) -
     drafter = EagleDrafter(config, job.style, target, names, "torch", fc_bias=job.style == "eagle1",
                            windows=[None] * job.num_layers)
     drafter.rope = RotaryEmbedding(config, head_dim_of(config), config.max_position_embeddings + 8)
-    if job.init_from_target:
+    if job.init_drafter is not None:
+        init_from_drafter(drafter, job.init_drafter, target.config)
+    elif job.init_from_target:
         init_from_target(drafter, target)
     if job.style == "eagle3":
         with torch.no_grad():
@@ -158,6 +165,23 @@ def init_from_target(drafter: EagleDrafter, target: CausalLM, out_scale: float =
             drafter.fc.weight[:, :h].mul_(0.1)
             drafter.fc.weight[:, h:].copy_(torch.eye(h))
             drafter.fc.bias.zero_()
+
+
+def init_from_drafter(drafter: EagleDrafter, path: Path, target_config: Any) -> None:
+    """Start from a trained drafter's layers and fc (fine-tuning, e.g. on more data); its own
+    head, if any, is left out: the job derives the head from the target when it saves."""
+    ckpt = load_drafter_checkpoint(path, target_config)
+    if ckpt.style != drafter.style or ckpt.config.num_hidden_layers != len(drafter.layers):
+        raise ValueError(f"--init-drafter {path} is {ckpt.style} with "
+                         f"{ckpt.config.num_hidden_layers} layers; this job trains "
+                         f"{drafter.style} with {len(drafter.layers)}")
+    head = ("lm_head.weight", "d2t", "norm.weight") if not drafter.own_head else ()
+    state = {k: v.float() if v.is_floating_point() else v
+             for k, v in ckpt.state_dict.items() if k not in head}
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    wanted = [k for k in missing if not k.startswith(head)]
+    if wanted or unexpected:
+        raise ValueError(f"--init-drafter {path}: missing {wanted}, unexpected {unexpected}")
 
 
 def frequent_tokens(rows: Sequence[dict[str, Any]], size: int) -> torch.Tensor:

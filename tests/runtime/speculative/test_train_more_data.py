@@ -1,0 +1,101 @@
+"""Growing a drafter's training data and fine-tuning from a trained drafter: sampled answers are
+seeded per answer id, a resumed job with more answers rebuilds the shard that was written for a
+shorter chunk, and --init-drafter starts from exactly the given drafter's weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.loader import load_model_config
+from runtime.request import GenerationRequest
+from runtime.speculative.train_data import (
+    answer_plan,
+    read_answers,
+    read_shard,
+    render_prompts,
+    shard_rows,
+)
+from runtime.speculative.train_job import (
+    TrainDrafterJob,
+    build_drafter,
+    init_from_drafter,
+    load_target,
+    run_train_drafter,
+)
+from runtime.speculative.training import TrainConfig
+
+PROMPTS = ("Hello there", "What is two plus two?", "Name a colour.")
+IDS = ("a", "b", "c")
+
+
+def _job(model_dir: Path, out: Path, **overrides: object) -> TrainDrafterJob:
+    job = TrainDrafterJob(model=str(model_dir), prompt_ids=IDS, prompts=PROMPTS, out_dir=out,
+                          train=TrainConfig(max_steps=2, lr=3e-3, warmup_steps=1,
+                                            batch_tokens=128),
+                          max_answer_tokens=10, data_dtype="float32", save_dtype="float32")
+    return dataclasses.replace(job, **overrides)  # type: ignore[arg-type]
+
+
+def test_answer_plan_lists_greedy_answers_then_seeded_samples() -> None:
+    assert answer_plan(["a", "b"], 2) == [
+        ("a", 0, None), ("b", 1, None),
+        ("a#s1", 0, zlib.crc32(b"a#s1")), ("b#s1", 1, zlib.crc32(b"b#s1")),
+        ("a#s2", 0, zlib.crc32(b"a#s2")), ("b#s2", 1, zlib.crc32(b"b#s2"))]
+    assert answer_plan(["a"], 0) == [("a", 0, None)]
+
+
+def test_more_answers_on_resume_rebuild_the_short_shard(tiny_model_dir: Path,
+                                                        tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out))
+    data = out / "data"
+    assert shard_rows(data / "features-00000.safetensors") == 3
+    run_train_drafter(_job(tiny_model_dir, out, resume=True, answer_samples=1,
+                           answer_temperature=1.0,
+                           train=TrainConfig(max_steps=3, batch_tokens=128)))
+    rows = read_answers(data / "answers.jsonl")
+    assert [r["id"] for r in rows] == ["a", "b", "c", "a#s1", "b#s1", "c#s1"]
+    shard = read_shard(data / "features-00000.safetensors")
+    assert shard_rows(data / "features-00000.safetensors") == 6
+    assert shard.input_ids.tolist() == [t for r in rows for t in r["prompt_ids"] + r["answer_ids"]]
+
+    # each sampled answer is the engine's draw for the seed of its id, whatever its batch
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), max_model_len=128))
+    ids = render_prompts(PROMPTS, engine.tokenizer)
+    greedy = {r["id"]: r["answer_ids"] for r in rows[:3]}
+    for n, key in enumerate(IDS):
+        params = SamplingParams(max_tokens=10, temperature=1.0,
+                                seed=zlib.crc32(f"{key}#s1".encode()))
+        [alone] = engine.generate([GenerationRequest(key, tuple(ids[n]), params)])
+        assert list(alone.token_ids) == rows[3 + n]["answer_ids"]
+        assert rows[3 + n]["prompt_ids"] == rows[n]["prompt_ids"]
+    assert any(r["answer_ids"] != greedy[r["id"][0]] for r in rows[3:])
+
+
+def test_init_drafter_starts_from_its_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    run_train_drafter(_job(tiny_model_dir, first, draft_head_size=20))
+    saved = load_file(str(first / "model.safetensors"))
+    target = load_target(tiny_model_dir, load_model_config(tiny_model_dir))
+    job = _job(tiny_model_dir, tmp_path / "second", init_drafter=first)
+    drafter = build_drafter(target, job, torch.arange(40, 120))
+    state = drafter.state_dict()
+    assert {k for k in saved if k not in ("lm_head.weight", "d2t")} == set(state)
+    for name, tensor in state.items():
+        assert torch.equal(tensor, saved[name]), name
+
+    with pytest.raises(ValueError, match="eagle1 with 2 layers; this job trains eagle1 with 1"):
+        init_from_drafter(build_drafter(target, _job(tiny_model_dir, tmp_path / "x",
+                                                     num_layers=1), torch.arange(40, 120)),
+                          first, target.config)
+
+    run_train_drafter(job)  # fine-tunes from there and saves as usual
+    assert (tmp_path / "second" / "model.safetensors").is_file()
