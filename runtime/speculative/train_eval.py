@@ -80,11 +80,10 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
 - Style: {job.style}, {job.num_layers} decoder layers, trained with k = {job.train.num_steps}
   unrolled draft steps; weights stored as {job.save_dtype}
 - Data: {num_sequences} answers ({num_answer_tokens} tokens) that the target generated itself with
-  our engine (greedy, chat template, at most {job.max_answer_tokens} tokens, target in
-  {job.data_dtype}) for the prompts in `{job.prompts_source}`; features from one teacher-forced pass
-  of the target over prompt + answer
-- Initialisation: {"draft layers copied from the target's last layers" if job.init_from_target
-                   else "random"}
+  our engine (chat template, at most {job.max_answer_tokens} tokens, target in {job.data_dtype}) for
+  the prompts in `{job.prompts_source}`: {answers_line(job)}; features from one teacher-forced
+  pass of the target ({job.feature_dtype or job.data_dtype}) over prompt + answer
+- Initialisation: {init_line(job)}
 - Training: {steps} steps ({train_s / 60:.1f} min of training in all runs), AdamW lr
   {job.train.lr}, warm-up {job.train.warmup_steps} steps then cosine,
   {job.train.batch_tokens} padded tokens per batch, grad clip {job.train.grad_clip},
@@ -99,6 +98,19 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
     path.write_text(card)
     (job.out_dir / "train_log.json").write_text(json.dumps(_thin(log)) + "\n")
     return path
+
+
+def answers_line(job: TrainDrafterJob) -> str:
+    if not job.answer_samples:
+        return "its greedy answer to each"
+    return (f"its greedy answer to each and {job.answer_samples} sampled at temperature "
+            f"{job.answer_temperature}")
+
+
+def init_line(job: TrainDrafterJob) -> str:
+    if job.init_drafter is not None:
+        return f"the weights of the drafter `{Path(job.init_drafter).name}` (fine-tuned from it)"
+    return "draft layers copied from the target's last layers" if job.init_from_target else "random"
 
 
 def head_line(job: TrainDrafterJob) -> str:

@@ -56,7 +56,8 @@ class TrainDrafterJob:
     max_answer_tokens: int = 128
     answer_samples: int = 0  # sampled answers per prompt, besides the greedy one
     answer_temperature: float = 0.7
-    data_dtype: str = "bfloat16"  # dtype of the target while making data
+    data_dtype: str = "bfloat16"  # dtype of the target while making answers (and features)
+    feature_dtype: str | None = None  # the target's dtype in the features pass; None: data_dtype
     init_drafter: Path | None = None  # start from this drafter's weights (fine-tuning)
     save_dtype: str = "bfloat16"
     init_from_target: bool = True
@@ -84,7 +85,8 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     rows = read_answers(data_dir / ANSWERS)
     with tqdm(total=len(rows), desc="features", unit="seq") as bar:
         shards = build_feature_shards(model_dir, data_dir, feature_layers(job.style, aux),
-                                      dtype=getattr(torch, job.data_dtype), progress=bar)
+                                      dtype=getattr(torch, job.feature_dtype or job.data_dtype),
+                                      progress=bar)
     target = load_target(model_dir, target_config)
     vocab = frequent_tokens(rows, job.draft_vocab_size or min(8192, target_config.vocab_size))
     drafter = build_drafter(target, job, vocab)

@@ -66,6 +66,8 @@ def test_more_answers_on_resume_rebuild_the_short_shard(tiny_model_dir: Path,
     shard = read_shard(data / "features-00000.safetensors")
     assert shard_rows(data / "features-00000.safetensors") == 6
     assert shard.input_ids.tolist() == [t for r in rows for t in r["prompt_ids"] + r["answer_ids"]]
+    card = (out / "README.md").read_text()
+    assert "greedy answer to each and 1 sampled at temperature 1.0" in card
 
     # each sampled answer is the engine's draw for the seed of its id, whatever its batch
     engine = Engine(EngineConfig(model=str(tiny_model_dir), max_model_len=128))
@@ -99,3 +101,4 @@ def test_init_drafter_starts_from_its_weights(tiny_model_dir: Path, tmp_path: Pa
 
     run_train_drafter(job)  # fine-tunes from there and saves as usual
     assert (tmp_path / "second" / "model.safetensors").is_file()
+    assert "the weights of the drafter `first`" in (tmp_path / "second" / "README.md").read_text()
