@@ -21,6 +21,9 @@ from memory as in a real step; ms):
   same property, a request's logits after the same prefill are the same bits whether it decodes
   alone, verifies k drafts, or runs next to 63 other requests: greedy speculative decoding is
   exactly lossless. (Decode at batch 64 costs about 8% more than with BLAS; exactness is worth it.)
+- A float32 weight whose values are all exactly bfloat16 (a drafter stored in bfloat16 and run in
+  float32) gets bfloat16 panels: panel_linear widens them on load, so its products are the same
+  bits, and a draft step at a few rows (bound by reading the weights) reads half the bytes.
 - Without the C++ kernels, or in bfloat16: oneDNN for 2..48 decoder rows and from 2 head rows,
   BLAS otherwise (rounding then depends on the row count).
 The packed copy doubles the memory of the weights (424 MB more for the default model's decoder,
@@ -109,7 +112,10 @@ def prepack(linear: nn.Module, head: bool = False) -> nn.Module:
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return linear
     if weight.dtype == torch.float32 and load_cpu_kernels():
-        return _checked(linear, pack_panels(weight), "panel", PANEL_ROWS)
+        panels = pack_panels(weight)
+        if torch.equal(weight, weight.bfloat16().float()):  # no bits lost: half the bytes
+            panels = panels.bfloat16()
+        return _checked(linear, panels, "panel", PANEL_ROWS)
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
     except (RuntimeError, AttributeError):

@@ -99,6 +99,27 @@ def test_panel_linear_rows_do_not_depend_on_the_other_rows() -> None:
     assert torch.equal(shifted, alone[1:8])  # a row's place in its tile does not matter either
 
 
+def test_bfloat16_panels_give_the_float32_panels_bits() -> None:
+    """A weight of exact bfloat16 values (a drafter stored in bfloat16) is packed as bfloat16 by
+    prepack, and its products are the same bits as on float32 panels, at any row count."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200)
+    with torch.no_grad():
+        linear.weight.copy_(linear.weight.bfloat16().float())
+    wide = pack_panels(linear.weight.detach())
+    packed = prepack(linear)
+    assert isinstance(packed, PrepackedLinear) and packed._packed.dtype == torch.bfloat16
+    assert torch.equal(packed._packed.float(), wide)
+    x = torch.randn(100, 96)
+    for rows in (1, 3, 6, 7, 100):
+        want = torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), wide, linear.bias, 200)
+        assert torch.equal(packed(x[:rows]), want), rows
+    torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias),
+                               rtol=1e-5, atol=1e-5)
+    assert prepack(nn.Linear(96, 200))._packed.dtype == torch.float32  # type: ignore[union-attr]
+
+
 def test_argmax_kernel_answers_as_torch_does() -> None:
     torch.manual_seed(0)
     logits = torch.randn(6, 1000)
