@@ -2,7 +2,8 @@
 
 - paged_attention: attention for short queries read straight from the paged KV cache
   (runtime.attention.cpu_backend);
-- panel_linear: every float32 Linear product, on a panel-packed weight (runtime.cpu_gemm);
+- panel_linear: every float32 Linear product, on a panel-packed weight (float32 panels, or
+  bfloat16 ones for weights that are exactly bfloat16; runtime.cpu_gemm);
 - argmax_rows: the greedy sampler's argmax.
 
 The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about 15 s the first time)
