@@ -9,7 +9,8 @@ import click
 import pyarrow.parquet as pq
 
 from runtime.config import DEFAULT_MODEL
-from runtime.speculative.train_job import TrainDrafterJob, run_train_drafter
+from runtime.loader import load_model_config, resolve_model
+from runtime.speculative.train_job import TrainDrafterJob, load_init_drafter, run_train_drafter
 from runtime.speculative.training import TrainConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
@@ -108,6 +109,12 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
     """Train an EAGLE drafter for MODEL on its own answers to PROMPTS; write it to OUT."""
     if max_steps is None and time_budget is None:
         raise click.UsageError("give --max-steps or --time-budget")
+    if init_drafter is not None:
+        try:
+            load_init_drafter(init_drafter, style, layers,
+                              load_model_config(resolve_model(model)))
+        except (ValueError, FileNotFoundError) as e:
+            raise click.BadParameter(str(e), param_hint="--init-drafter") from e
     ids, prompts = read_prompts(prompts_path, max_train_prompts)
     evals = read_prompts(eval_prompts, num_eval)[1] if eval_prompts is not None else ()
     train = TrainConfig(num_steps=unroll or num_speculative_tokens, lr=lr,

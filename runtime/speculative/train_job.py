@@ -27,7 +27,11 @@ from runtime.model import CausalLM, head_dim_of
 from runtime.rope import RotaryEmbedding
 from runtime.speculative.checkpoint import drafter_config_dict
 from runtime.speculative.drafter import EagleDrafter
-from runtime.speculative.loader import load_drafter_checkpoint, to_public_names
+from runtime.speculative.loader import (
+    DrafterCheckpoint,
+    load_drafter_checkpoint,
+    to_public_names,
+)
 from runtime.speculative.train_data import (
     ANSWERS,
     answer_plan,
@@ -74,6 +78,8 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     data_dir = job.out_dir / "data"
     if not job.resume and (job.out_dir / "checkpoint.pt").exists():
         raise FileExistsError(f"{job.out_dir} holds a training checkpoint; pass --resume")
+    if job.init_drafter is not None:  # before hours of answers, not after
+        load_init_drafter(job.init_drafter, job.style, job.num_layers, target_config)
     engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
                                  max_model_len=min(2048, target_config.max_position_embeddings))
     planned = {a for a, _, _ in answer_plan(job.prompt_ids, job.answer_samples)}
@@ -169,14 +175,22 @@ def init_from_target(drafter: EagleDrafter, target: CausalLM, out_scale: float =
             drafter.fc.bias.zero_()
 
 
+def load_init_drafter(path: Path, style: str, num_layers: int, target_config: Any
+                      ) -> DrafterCheckpoint:
+    """The drafter to fine-tune from, checked against the target and the job's style and layer
+    count (ValueError / FileNotFoundError naming the path)."""
+    ckpt = load_drafter_checkpoint(path, target_config)
+    if ckpt.style != style or ckpt.config.num_hidden_layers != num_layers:
+        raise ValueError(f"--init-drafter {path} is {ckpt.style} with "
+                         f"{ckpt.config.num_hidden_layers} layers; this job trains "
+                         f"{style} with {num_layers}")
+    return ckpt
+
+
 def init_from_drafter(drafter: EagleDrafter, path: Path, target_config: Any) -> None:
     """Start from a trained drafter's layers and fc (fine-tuning, e.g. on more data); its own
     head, if any, is left out: the job derives the head from the target when it saves."""
-    ckpt = load_drafter_checkpoint(path, target_config)
-    if ckpt.style != drafter.style or ckpt.config.num_hidden_layers != len(drafter.layers):
-        raise ValueError(f"--init-drafter {path} is {ckpt.style} with "
-                         f"{ckpt.config.num_hidden_layers} layers; this job trains "
-                         f"{drafter.style} with {len(drafter.layers)}")
+    ckpt = load_init_drafter(path, drafter.style, len(drafter.layers), target_config)
     head = ("lm_head.weight", "d2t", "norm.weight") if not drafter.own_head else ()
     state = {k: v.float() if v.is_floating_point() else v
              for k, v in ckpt.state_dict.items() if k not in head}

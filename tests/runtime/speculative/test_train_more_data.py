@@ -8,10 +8,14 @@ import dataclasses
 import zlib
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+from click.testing import CliRunner
 from safetensors.torch import load_file
 
+from jobs.cli import main
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.loader import load_model_config
@@ -102,3 +106,25 @@ def test_init_drafter_starts_from_its_weights(tiny_model_dir: Path, tmp_path: Pa
     run_train_drafter(job)  # fine-tunes from there and saves as usual
     assert (tmp_path / "second" / "model.safetensors").is_file()
     assert "the weights of the drafter `first`" in (tmp_path / "second" / "README.md").read_text()
+
+
+def test_cli_refuses_a_bad_init_drafter_before_making_data(tiny_model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    run_train_drafter(_job(tiny_model_dir, first))  # 2 layers
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt": list(PROMPTS)}), prompts)
+    base = ["train-drafter", "--model", str(tiny_model_dir), "--prompts", str(prompts),
+            "--max-steps", "1", "--out"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = ((empty, "2", "no config.json"),
+             (first, "1", "eagle1 with 2 layers; this job trains eagle1 with 1"))
+    for init, layers, words in cases:
+        out = tmp_path / f"out-{layers}"
+        result = CliRunner().invoke(main, [*base, str(out), "--layers", layers,
+                                           "--init-drafter", str(init)])
+        assert result.exit_code == 2, result.output
+        assert "--init-drafter" in result.output and words in result.output
+        assert str(init) in result.output.replace("\n", "")
+        assert not out.exists()  # nothing was made
