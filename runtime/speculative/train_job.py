@@ -195,9 +195,8 @@ def init_from_drafter(drafter: EagleDrafter, path: Path, target_config: Any) -> 
     state = {k: v.float() if v.is_floating_point() else v
              for k, v in ckpt.state_dict.items() if k not in head}
     missing, unexpected = drafter.load_state_dict(state, strict=False)
-    wanted = [k for k in missing if not k.startswith(head)]
-    if wanted or unexpected:
-        raise ValueError(f"--init-drafter {path}: missing {wanted}, unexpected {unexpected}")
+    if missing or unexpected:
+        raise ValueError(f"--init-drafter {path}: missing {missing}, unexpected {unexpected}")
 
 
 def frequent_tokens(rows: Sequence[dict[str, Any]], size: int) -> torch.Tensor:
