@@ -78,6 +78,9 @@ class EngineConfig:
         kept (one feature vector per token) and the drafter reads them in the next step that
         drafts, as the batch drains. Greedy outputs are the same either way; requests that
         sample always draft, so their seeded random draws do not depend on the batch.
+    draft_int8: on the CPU (with the C++ kernels), run the drafter's float32 products on int8
+        copies of its weights (one scale per output): a draft step reads a quarter of the bytes.
+        Drafts may differ slightly (runtime.cpu_gemm); outputs are the same either way.
     """
 
     model: str = DEFAULT_MODEL
@@ -94,6 +97,7 @@ class EngineConfig:
     num_speculative_tokens: int = 3
     draft_confidence: float = 0.0  # 0: always k drafts; see the docstring
     draft_max_batch: int | None = None  # None: draft at any batch size; see the docstring
+    draft_int8: bool = False  # CPU: the drafter's products on int8 weights; see the docstring
     gpu_memory_fraction: float = 0.8
     num_threads: int | None = None  # torch CPU threads; None: torch's default
     extra: dict[str, str] = field(default_factory=dict, hash=False, compare=False)

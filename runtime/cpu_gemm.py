@@ -24,6 +24,10 @@ from memory as in a real step; ms):
 - A float32 weight whose values are all exactly bfloat16 (a drafter stored in bfloat16 and run in
   float32) gets bfloat16 panels: panel_linear widens them on load, so its products are the same
   bits, and a draft step at a few rows (bound by reading the weights) reads half the bytes.
+- A drafter may be quantized on load (EngineConfig.draft_int8): int8 panels with one float32 scale
+  per output column, a quarter of float32's bytes. Drafts may change (rarely: acceptance 1.726 ->
+  1.715 for the shipped drafter), outputs never (verification decides every emitted token); the
+  drafter's 15 MB then stay in the last-level cache from one draft step to the next.
 - Without the C++ kernels, or in bfloat16: oneDNN for 2..48 decoder rows and from 2 head rows,
   BLAS otherwise (rounding then depends on the row count).
 The packed copy doubles the memory of the weights (424 MB more for the default model's decoder,
@@ -47,15 +51,16 @@ PANEL = 64  # output columns per panel (linear.cpp's kPanel)
 _PROBE_ROWS = 4
 
 
-def lay_out_for_cpu(module: nn.Module) -> None:
+def lay_out_for_cpu(module: nn.Module, int8: bool = False) -> None:
     """Transposed storage for every Linear under `module` and a packed copy for each; call once
-    after the weights are loaded and cast. `module.lm_head`, if any, is packed as the head."""
+    after the weights are loaded and cast. `module.lm_head`, if any, is packed as the head.
+    int8: float32 weights get int8 panels (their products change: only for a drafter)."""
     transpose_linear_weights(module)
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 is_head = parent is module and name == "lm_head"
-                setattr(parent, name, prepack(child, head=is_head))
+                setattr(parent, name, prepack(child, head=is_head, int8=int8))
 
 
 def transpose_linear_weights(module: nn.Module) -> None:
@@ -80,7 +85,7 @@ class PrepackedLinear(nn.Module):
     rest on `weight` itself (F.linear). `weight` and `bias` are the original Parameters."""
 
     def __init__(self, linear: nn.Linear, packed: torch.Tensor, kernel: str,
-                 rows: tuple[int, int | None]) -> None:
+                 rows: tuple[int, int | None], scales: torch.Tensor | None = None) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
@@ -88,6 +93,7 @@ class PrepackedLinear(nn.Module):
         self.kernel = kernel
         self.rows = rows
         self._packed = packed
+        self._scales = scales  # int8 panels: [panels * 64] float32 per output column
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // self.in_features
@@ -97,21 +103,27 @@ class PrepackedLinear(nn.Module):
         flat = x.reshape(n, self.in_features).contiguous()
         if self.kernel == "panel":
             out = torch.ops.eaglebatch.panel_linear(flat, self._packed, self.bias,
-                                                    self.out_features)
+                                                    self.out_features, self._scales)
         else:
             out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def prepack(linear: nn.Module, head: bool = False) -> nn.Module:
+def prepack(linear: nn.Module, head: bool = False, int8: bool = False) -> nn.Module:
     """`linear` with its packed copy (panels for float32 when the C++ kernels load, else oneDNN),
-    when packing works here and agrees with F.linear on a probe; else `linear` itself."""
+    when packing works here and agrees with F.linear on a probe; else `linear` itself.
+    int8: int8 panels for a float32 weight (see the module docstring); no effect elsewhere."""
     if not isinstance(linear, nn.Linear):
         return linear
     weight = linear.weight.detach()
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return linear
     if weight.dtype == torch.float32 and load_cpu_kernels():
+        if int8:
+            quantized, scales = quantize_int8(weight)
+            return _checked(linear, pack_panels(quantized).to(torch.int8), "panel", PANEL_ROWS,
+                            scales=F.pad(scales, (0, -len(scales) % PANEL)),
+                            reference=quantized * scales.unsqueeze(1))
         panels = pack_panels(weight)
         if _exactly_bfloat16(weight):  # no bits lost: half the bytes
             panels = panels.bfloat16()
@@ -123,6 +135,14 @@ def prepack(linear: nn.Module, head: bool = False) -> nn.Module:
     return _checked(linear, packed, "onednn", ONEDNN_HEAD_ROWS if head else ONEDNN_DECODER_ROWS)
 
 
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float32 -> (its values rounded to integers in [-127, 127] (float32), [out] scales)
+    with weight ~= values * scales[:, None]: symmetric, one scale per output (row)."""
+    peak = weight.detach().abs().amax(dim=1)
+    scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+    return (weight.detach() / scales.unsqueeze(1)).round().clamp(-127, 127), scales
+
+
 def _exactly_bfloat16(weight: torch.Tensor) -> bool:
     """Every value is a bfloat16 value. The first row answers for almost every true float32
     weight, so start-up does not convert the whole target (~0.16 s for the default model)."""
@@ -130,9 +150,12 @@ def _exactly_bfloat16(weight: torch.Tensor) -> bool:
 
 
 def _checked(linear: nn.Linear, packed: torch.Tensor, kernel: str,
-             rows: tuple[int, int | None]) -> nn.Module:
-    weight = linear.weight.detach()
-    layer = PrepackedLinear(linear, packed, kernel, (1, None))  # probe the packed path itself
+             rows: tuple[int, int | None], scales: torch.Tensor | None = None,
+             reference: torch.Tensor | None = None) -> nn.Module:
+    """The packed layer if it agrees on a probe with F.linear on `reference` (the weight the
+    packed copy stands for: `linear.weight`, or its int8 values times their scales)."""
+    weight = linear.weight.detach() if reference is None else reference
+    layer = PrepackedLinear(linear, packed, kernel, (1, None), scales)  # probe the packed path
     probe = torch.randn(_PROBE_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0)
                         ).to(weight.dtype)
     try:

@@ -35,6 +35,7 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
     ks: tuple[int, ...] = (0, 1, 2, 3, 5)
     draft_confidence: float = 0.0  # EngineConfig.draft_confidence of the k > 0 variants
+    draft_int8: bool = False  # EngineConfig.draft_int8 of the k > 0 variants
     attention_backend: str = "auto"
     max_tokens: int = 128
     baseline: str = "transformers"

@@ -12,6 +12,11 @@
 // Panels may also be bfloat16 (weights that are exactly bfloat16 values, e.g. a drafter stored in
 // bfloat16): each weight is widened to float32 on load, so the products are the same bits as with
 // float32 panels, reading half the bytes (a product at a few rows runs at the speed of memory).
+//
+// Or int8 with one float32 scale per output column (a drafter quantized on load, where only the
+// speed of drafting depends on the weights: verification keeps outputs exact): y[m, n] is the same
+// FMA chain over the int8 values widened to float32, times scale[n], then + b[n]. A quarter of the
+// bytes of float32 panels; the AVX-512 and portable code still give the same bits.
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -37,6 +42,7 @@ constexpr int64_t kAhead = 8;    // panel rows prefetched ahead (one 256-byte ro
 using bf16_bits = uint16_t;  // a bfloat16 value: the high 16 bits of a float32
 
 inline float widen(float w) { return w; }
+inline float widen(int8_t w) { return static_cast<float>(w); }
 inline float widen(bf16_bits w) {
   const uint32_t bits = static_cast<uint32_t>(w) << 16;
   float f;
@@ -50,15 +56,19 @@ inline __m512 load16(const bf16_bits* w) {
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
+inline __m512 load16(const int8_t* w) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
 #endif
 
 // Rows x 64 outputs of one panel, written to y[0 .. Rows-1][0 .. cols-1].
 template <int Rows, typename W>
-void tile(const float* x, int64_t k, const W* panel, const float* bias, float* y,
-          int64_t ldy, int64_t cols) {
+void tile(const float* x, int64_t k, const W* panel, const float* scale, const float* bias,
+          float* y, int64_t ldy, int64_t cols) {
   alignas(64) float out[Rows][kPanel];
 #ifdef __AVX512F__
-  constexpr int64_t lines = sizeof(W) * kPanel / 64;  // cache lines per panel row
+  constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
   constexpr int64_t ahead = kAhead * 4 / lines;        // the same bytes ahead for either type
   __m512 acc[Rows][4];
   for (int m = 0; m < Rows; ++m)
@@ -91,6 +101,8 @@ void tile(const float* x, int64_t k, const W* panel, const float* bias, float* y
   }
 #endif
   for (int m = 0; m < Rows; ++m) {
+    if (scale != nullptr)
+      for (int64_t j = 0; j < cols; ++j) out[m][j] *= scale[j];
     if (bias != nullptr)
       for (int64_t j = 0; j < cols; ++j) out[m][j] += bias[j];
     std::memcpy(y + m * ldy, out[m], cols * sizeof(float));
@@ -98,8 +110,8 @@ void tile(const float* x, int64_t k, const W* panel, const float* bias, float* y
 }
 
 template <typename W>
-void run_panels(const float* xp, const W* wp, const float* b, float* yp, int64_t rows, int64_t k,
-                int64_t n, int64_t num_panels) {
+void run_panels(const float* xp, const W* wp, const float* sc, const float* b, float* yp,
+                int64_t rows, int64_t k, int64_t n, int64_t num_panels) {
   for (int64_t m0 = 0; m0 < rows; m0 += kChunk) {
     const int64_t m1 = std::min(rows, m0 + kChunk);
     at::parallel_for(0, num_panels, 1, [&](int64_t p0, int64_t p1) {
@@ -107,16 +119,17 @@ void run_panels(const float* xp, const W* wp, const float* b, float* yp, int64_t
         const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
         const W* panel = wp + p * k * kPanel;
         const float* bp = b != nullptr ? b + col : nullptr;
+        const float* sp = sc != nullptr ? sc + col : nullptr;
         for (int64_t m = m0; m < m1; m += kMaxRows) {
           const float* xm = xp + m * k;
           float* ym = yp + m * n + col;
           switch (std::min(kMaxRows, m1 - m)) {
-            case 6: tile<6>(xm, k, panel, bp, ym, n, cols); break;
-            case 5: tile<5>(xm, k, panel, bp, ym, n, cols); break;
-            case 4: tile<4>(xm, k, panel, bp, ym, n, cols); break;
-            case 3: tile<3>(xm, k, panel, bp, ym, n, cols); break;
-            case 2: tile<2>(xm, k, panel, bp, ym, n, cols); break;
-            default: tile<1>(xm, k, panel, bp, ym, n, cols); break;
+            case 6: tile<6>(xm, k, panel, sp, bp, ym, n, cols); break;
+            case 5: tile<5>(xm, k, panel, sp, bp, ym, n, cols); break;
+            case 4: tile<4>(xm, k, panel, sp, bp, ym, n, cols); break;
+            case 3: tile<3>(xm, k, panel, sp, bp, ym, n, cols); break;
+            case 2: tile<2>(xm, k, panel, sp, bp, ym, n, cols); break;
+            default: tile<1>(xm, k, panel, sp, bp, ym, n, cols); break;
           }
         }
       }
@@ -125,17 +138,30 @@ void run_panels(const float* xp, const W* wp, const float* b, float* yp, int64_t
 }
 
 at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contiguous
-                        const at::Tensor& panels,   // [ceil(N / 64), K, 64] float32 or bfloat16
+                        const at::Tensor& panels,   // [ceil(N / 64), K, 64] float32, bf16 or int8
                         const c10::optional<at::Tensor>& bias,  // [N] or None
-                        int64_t n) {
+                        int64_t n,
+                        const c10::optional<at::Tensor>& scales) {  // [panels * 64]: int8 only
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
               "panel_linear: x must be a contiguous 2-d float32 tensor");
   const int64_t rows = x.size(0), k = x.size(1), num_panels = panels.size(0);
-  const bool bf16 = panels.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(panels.is_contiguous() && (bf16 || panels.scalar_type() == at::kFloat) &&
+  const auto type = panels.scalar_type();
+  TORCH_CHECK(panels.is_contiguous() &&
+              (type == at::kFloat || type == at::kBFloat16 || type == at::kChar) &&
               panels.dim() == 3 && panels.size(1) == k && panels.size(2) == kPanel &&
               num_panels * kPanel >= n && (num_panels - 1) * kPanel < n,
-              "panel_linear: panels must be [ceil(n / 64), in_features, 64] float32 or bfloat16");
+              "panel_linear: panels must be [ceil(n / 64), in_features, 64] float32, bfloat16 "
+              "or int8");
+  const bool scaled = scales.has_value() && scales->defined();
+  TORCH_CHECK(scaled == (type == at::kChar),
+              "panel_linear: int8 panels need scales, and only int8 panels take them");
+  const float* sc = nullptr;
+  if (scaled) {
+    TORCH_CHECK(scales->is_contiguous() && scales->scalar_type() == at::kFloat &&
+                scales->numel() == num_panels * kPanel,
+                "panel_linear: scales must be [panels * 64] float32");
+    sc = scales->data_ptr<float>();
+  }
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
@@ -143,19 +169,23 @@ at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contig
     b = bias->data_ptr<float>();
   }
   at::Tensor y = at::empty({rows, n}, x.options());
-  if (bf16)
-    run_panels(x.data_ptr<float>(), reinterpret_cast<const bf16_bits*>(panels.data_ptr()), b,
-               y.data_ptr<float>(), rows, k, n, num_panels);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  if (type == at::kBFloat16)
+    run_panels(xp, reinterpret_cast<const bf16_bits*>(panels.data_ptr()), sc, b, yp, rows, k, n,
+               num_panels);
+  else if (type == at::kChar)
+    run_panels(xp, panels.data_ptr<int8_t>(), sc, b, yp, rows, k, n, num_panels);
   else
-    run_panels(x.data_ptr<float>(), panels.data_ptr<float>(), b, y.data_ptr<float>(), rows, k,
-               n, num_panels);
+    run_panels(xp, panels.data_ptr<float>(), sc, b, yp, rows, k, n, num_panels);
   return y;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
-  m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n) -> Tensor");
+  m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n, Tensor? scales=None) "
+        "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {

@@ -16,6 +16,7 @@ from runtime.cpu_gemm import (
     lay_out_for_cpu,
     pack_panels,
     prepack,
+    quantize_int8,
     transpose_linear_weights,
 )
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
@@ -118,6 +119,36 @@ def test_bfloat16_panels_give_the_float32_panels_bits() -> None:
     torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias),
                                rtol=1e-5, atol=1e-5)
     assert prepack(nn.Linear(96, 200))._packed.dtype == torch.float32  # type: ignore[union-attr]
+
+
+def test_int8_panels_are_the_float32_chain_times_the_scale() -> None:
+    """prepack(int8=True) (a drafter quantized on load): int8 values and per-output scales with
+    weight ~= values * scale; each product is bitwise the float32-panel product of the int8 values
+    (as floats), times the scale, plus the bias, at any row count; the layer stays batch
+    invariant."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200)
+    with torch.no_grad():
+        linear.weight[5] = 0.0  # an all-zero output gets scale 1, not 0 / 0
+    packed = prepack(linear, int8=True)
+    assert isinstance(packed, PrepackedLinear) and packed._packed.dtype == torch.int8
+    assert packed._scales is not None and packed._scales.shape == (256,)
+    values, scales = quantize_int8(linear.weight)
+    assert values.abs().max() == 127 and scales[5] == 1.0
+    assert torch.equal(values, values.round()) and torch.equal(packed._scales[:200], scales)
+    assert torch.equal(packed._packed.float(), pack_panels(values))
+    assert (values * scales[:, None] - linear.weight).abs().max() <= scales.max() / 2 + 1e-7
+    wide = pack_panels(values)
+    x = torch.randn(100, 96)
+    for rows in (1, 3, 6, 7, 100):
+        chain = torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), wide, None, 200)
+        assert torch.equal(packed(x[:rows]), chain * scales + linear.bias), rows
+    assert torch.equal(packed(x[3:4]), packed(x)[3:4])
+    torch.testing.assert_close(packed(x), F.linear(x, values * scales[:, None], linear.bias),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="int8 panels need scales"):
+        torch.ops.eaglebatch.panel_linear(x, packed._packed, None, 200)
 
 
 def test_argmax_kernel_answers_as_torch_does() -> None:

@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.config import EngineConfig, SamplingParams
+from runtime.cpu_gemm import PrepackedLinear
 from runtime.engine import Engine
 from runtime.loader import default_drafter
 from runtime.request import GenerationRequest
@@ -33,6 +34,7 @@ def test_shipped_drafter_is_lossless_on_the_default_model(smollm2_dir: Path) -> 
     drafter = default_drafter("smollm2-135m-instruct")
     plain = Engine(EngineConfig(kv_cache_memory=1 << 28))
     spec = Engine(EngineConfig(kv_cache_memory=1 << 28, drafter=str(drafter)))
+    int8 = Engine(EngineConfig(kv_cache_memory=1 << 28, drafter=str(drafter), draft_int8=True))
     ids = [plain.tokenizer.apply_chat_template([{"role": "user", "content": p}],
                                                add_generation_prompt=True, tokenize=True)
            for p in PROMPTS]
@@ -43,5 +45,15 @@ def test_shipped_drafter_is_lossless_on_the_default_model(smollm2_dir: Path) -> 
         requests = [GenerationRequest(str(i), tuple(x), params) for i, x in enumerate(ids)]
         return {c.request_id: c.token_ids for c in engine.generate(requests)}
 
-    assert run(spec) == run(plain)
+    want = run(plain)
+    assert run(spec) == want
     assert spec.proposer is not None and spec.proposer.drafter.own_head
+    # int8 drafter weights: other drafts at most, the same tokens, and drafts still accepted
+    assert run(int8) == want
+    assert int8.proposer is not None
+    packed = [m for m in int8.proposer.drafter.modules() if isinstance(m, PrepackedLinear)]
+    assert len(packed) == 16 and all(m._packed.dtype == torch.int8 for m in packed)
+    assert int8.proposer.drafter.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+    seq_accepted = sum(c.num_accepted for c in int8.generate(
+        [GenerationRequest("a", tuple(ids[0]), SamplingParams(max_tokens=24))]))
+    assert seq_accepted > 0
