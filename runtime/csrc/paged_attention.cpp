@@ -21,6 +21,10 @@
 #include <utility>
 #include <vector>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int kLanes = 16;
@@ -28,10 +32,18 @@ constexpr int64_t kAhead = 4;  // tokens prefetched ahead
 constexpr int64_t kTile = 16;  // query tokens per work item
 
 inline float dot(const float* a, const float* b, int64_t n) {
+#ifdef __AVX512F__
+  if (n % kLanes == 0) {  // the same FMA chain per lane and the same pairwise tree as below
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < n; d += kLanes)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+#endif
   float acc[kLanes] = {0.f};
   int64_t d = 0;
   for (; d + kLanes <= n; d += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[d + l] * b[d + l];
+    for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(a[d + l], b[d + l], acc[l]);
   }
   for (int width = kLanes / 2; width > 0; width /= 2) {  // pairwise, so it vectorises
     for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
