@@ -53,6 +53,32 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// Sum and max of x[0 .. n-1] in a fixed order that vectorises: kLanes running partials (lane l
+// takes x[l], x[l + kLanes], ...), the pairwise tree of dot(), then the tail in order.
+inline float lane_sum(const float* x, int64_t n) {
+  float part[kLanes] = {0.f};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) part[l] += x[j + l];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) part[l] += part[l + width];
+  float sum = part[0];
+  for (; j < n; ++j) sum += x[j];
+  return sum;
+}
+
+inline float lane_max(const float* x, int64_t n) {  // scores are finite: no NaN rules needed
+  float part[kLanes];
+  std::fill(part, part + kLanes, -std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) part[l] = part[l] > x[j + l] ? part[l] : x[j + l];
+  float peak = part[0];
+  for (int l = 1; l < kLanes; ++l) peak = peak > part[l] ? peak : part[l];
+  for (; j < n; ++j) peak = peak > x[j] ? peak : x[j];
+  return peak;
+}
+
 // exp(x) for x <= 0 (softmax after subtracting the row's peak): 2^n * p(r), |r| <= ln2/2, with a
 // degree-6 polynomial (relative error ~1e-7); plain float arithmetic, so loops over it vectorise.
 inline float exp_nonpositive(float x) {
@@ -162,12 +188,9 @@ void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim]
         const int64_t i = t0 + a / heads;
         float* row = scores.data() + a * span;
         const int64_t v0 = first_key(i) - lo, v1 = first_pos + i + 1 - lo;  // [v0, v1)
-        float peak = -std::numeric_limits<float>::infinity();
-        for (int64_t j = v0; j < v1; ++j) peak = std::max(peak, row[j]);
-        float total = 0.f;
+        const float peak = lane_max(row + v0, v1 - v0);
         for (int64_t j = v0; j < v1; ++j) row[j] = exp_nonpositive(row[j] - peak);
-        for (int64_t j = v0; j < v1; ++j) total += row[j];
-        const float inv = 1.f / total;
+        const float inv = 1.f / lane_sum(row + v0, v1 - v0);
         for (int64_t j = v0; j < v1; ++j) row[j] *= inv;
         for (int64_t j = 0; j < v0; ++j) row[j] = 0.f;
         for (int64_t j = v1; j < span; ++j) row[j] = 0.f;
