@@ -49,6 +49,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               type=click.FloatRange(0, 1, max_open=True),
               help="As in `generate`: drafts are cut where the drafter's probability of the "
                    "drafts so far falls below this; 0 always drafts k.")
+@click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
+              help="As in `generate`: n-gram lookup drafts where the text repeats.")
 @click.option("--draft-int8/--no-draft-int8", default=True, show_default=True,
               help="As in `generate`: on the CPU, run the drafter on int8 copies of its "
                    "weights (one scale per output); outputs are the same either way.")
@@ -84,7 +86,7 @@ def bench(**options: Any) -> None:
             prompt_column=o["prompt_column"], num_prompts=o["num_prompts"],
             chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
             draft_confidence=o["draft_confidence"], draft_int8=o["draft_int8"],
-            attention_backend=o["attention_backend"],
+            draft_ngram=o["draft_ngram"], attention_backend=o["attention_backend"],
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],

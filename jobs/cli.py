@@ -56,6 +56,10 @@ def main() -> None:
                    "steps skip the drafter, which catches up when the batch drains. 0: draft at "
                    "any batch. Requests that sample always draft. Outputs are the same either "
                    "way.")
+@click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
+              help="Where a request's last 2-4 tokens occurred before in its prompt or output, "
+                   "draft the tokens that followed them instead of the drafter's drafts (cheap, "
+                   "often right where answers repeat). Outputs are the same either way.")
 @click.option("--draft-int8/--no-draft-int8", default=True, show_default=True,
               help="On the CPU, run the drafter on int8 copies of its weights (one scale per "
                    "output): a draft step reads a quarter of the bytes of float32. Drafts may "
@@ -161,8 +165,8 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         model=o["model"], drafter=_drafter(o["model"], o["drafter"]),
         num_speculative_tokens=o["num_speculative_tokens"],
         draft_confidence=o["draft_confidence"], draft_max_batch=o["draft_max_batch"] or None,
-        draft_int8=o["draft_int8"], attention_backend=o["attention_backend"], dtype=o["dtype"],
-        device=o["device"],
+        draft_int8=o["draft_int8"], draft_ngram=o["draft_ngram"],
+        attention_backend=o["attention_backend"], dtype=o["dtype"], device=o["device"],
         kv_cache_memory=o["kv_cache_memory"], max_num_batched_tokens=o["max_num_batched_tokens"],
         max_num_seqs=o["max_num_seqs"], block_size=o["block_size"], num_threads=o["threads"])
     return JobConfig(

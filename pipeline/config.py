@@ -87,6 +87,7 @@ class JobConfig:
             # which drafts are verified steers seeded sampling's random draws (not greedy output)
             "draft_confidence": self.engine.draft_confidence,
             "draft_int8": self.engine.draft_int8,
+            "draft_ngram": self.engine.draft_ngram,
             "dtype": self.engine.dtype,
             "max_model_len": self.engine.max_model_len,
             "sampling": {"max_tokens": self.max_tokens, "temperature": self.temperature,

@@ -81,6 +81,9 @@ class EngineConfig:
     draft_int8: on the CPU (with the C++ kernels), run the drafter's float32 products on int8
         copies of its weights (one scale per output): a draft step reads a quarter of the bytes.
         Drafts may differ slightly (runtime.cpu_gemm); outputs are the same either way.
+    draft_ngram: where a request's last 2-4 tokens occurred before in its prompt or output, draft
+        the (up to k) tokens that followed them instead of the drafter's drafts
+        (runtime.speculative.ngram). Greedy outputs are the same either way.
     """
 
     model: str = DEFAULT_MODEL
@@ -98,6 +101,7 @@ class EngineConfig:
     draft_confidence: float = 0.0  # 0: always k drafts; see the docstring
     draft_max_batch: int | None = None  # None: draft at any batch size; see the docstring
     draft_int8: bool = False  # CPU: the drafter's products on int8 weights; see the docstring
+    draft_ngram: bool = False  # n-gram lookup drafts where the text repeats; see the docstring
     gpu_memory_fraction: float = 0.8
     num_threads: int | None = None  # torch CPU threads; None: torch's default
     extra: dict[str, str] = field(default_factory=dict, hash=False, compare=False)

@@ -7,6 +7,7 @@ import enum
 import torch
 
 from runtime.config import SamplingParams
+from runtime.speculative.ngram import NgramIndex
 
 
 class Status(enum.Enum):
@@ -23,7 +24,7 @@ class Sequence:
     __slots__ = ("request_id", "params", "token_ids", "num_prompt_tokens", "num_computed_tokens",
                  "draft_token_ids", "status", "finish_reason", "stop_string", "generator",
                  "arrival", "num_drafted", "num_accepted", "num_draft_steps",
-                 "accepted_per_position", "num_preemptions")
+                 "accepted_per_position", "num_preemptions", "ngram_index")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival: int, num_speculative_tokens: int) -> None:
@@ -43,6 +44,7 @@ class Sequence:
         self.num_draft_steps = 0
         self.accepted_per_position = [0] * num_speculative_tokens
         self.num_preemptions = 0
+        self.ngram_index: NgramIndex | None = None  # n-gram lookup drafts, built on first use
 
     @property
     def output_token_ids(self) -> list[int]:

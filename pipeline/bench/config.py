@@ -36,6 +36,7 @@ class BenchConfig:
     ks: tuple[int, ...] = (0, 1, 2, 3, 5)
     draft_confidence: float = 0.0  # EngineConfig.draft_confidence of the k > 0 variants
     draft_int8: bool = False  # EngineConfig.draft_int8 of the k > 0 variants
+    draft_ngram: bool = False  # EngineConfig.draft_ngram of the k > 0 variants
     attention_backend: str = "auto"
     max_tokens: int = 128
     baseline: str = "transformers"

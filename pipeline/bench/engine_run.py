@@ -30,7 +30,7 @@ _KV_SLACK = 1.25
 def engine_config(model_dir: Path, drafter: Path | None, k: int, batch_size: int,
                   workload: Workload, base: EngineConfig) -> EngineConfig:
     """base carries dtype, device, kv_cache_memory (None: sized here), the token budget, the
-    draft confidence, the drafter's int8 switch and the attention backend.
+    draft confidence, the int8 and n-gram switches of drafting and the attention backend.
     Prefix caching is off so that repeats of the same prompts do not hit the cache."""
     config = EngineConfig(
         model=str(model_dir), drafter=str(drafter) if k and drafter else None,
@@ -38,6 +38,7 @@ def engine_config(model_dir: Path, drafter: Path | None, k: int, batch_size: int
         device=base.device, kv_cache_memory=base.kv_cache_memory,
         max_num_batched_tokens=base.max_num_batched_tokens, enable_prefix_caching=False,
         draft_confidence=base.draft_confidence, draft_int8=base.draft_int8,
+        draft_ngram=base.draft_ngram,
         attention_backend=base.attention_backend)
     if config.kv_cache_memory is None:
         config = replace(config, kv_cache_memory=_kv_bytes_for_batch(config, workload, k))

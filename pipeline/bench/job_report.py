@@ -103,6 +103,7 @@ def _header(directory: str, manifest: Manifest | None, committed: int, done: boo
         + (f", k = {config.get('num_speculative_tokens')}, drafts cut below confidence "
            f"{config.get('draft_confidence', 0.0)}"
            + (", int8 drafter weights" if config.get("draft_int8") else "")
+           + (", n-gram lookup drafts" if config.get("draft_ngram") else "")
            if config.get("drafter") else ""),
         f"- max_tokens {sampling.get('max_tokens')}, temperature {sampling.get('temperature')}, "
         f"n {config.get('n')}, {config.get('shard_rows')} rows per shard, "

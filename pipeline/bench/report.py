@@ -66,7 +66,8 @@ def _header(meta: dict[str, Any]) -> str:
         f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size",
         f"- attention backend: {meta.get('attention_backend', 'torch')}; drafts cut below "
         f"drafter confidence {config.get('draft_confidence', 0.0)} (0: always k drafts); drafter "
-        f"weights {'int8 (CPU)' if config.get('draft_int8') else 'as stored'}",
+        f"weights {'int8 (CPU)' if config.get('draft_int8') else 'as stored'}; n-gram lookup "
+        f"drafts {'on' if config.get('draft_ngram') else 'off'}",
     ]
     if meta.get("random_weights"):
         lines += ["", "> **Random weights.** The model (and any drafter) has random weights in "

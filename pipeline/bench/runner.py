@@ -55,7 +55,8 @@ def run_bench(config: BenchConfig) -> Path:
                         kv_cache_memory=config.kv_cache_memory,
                         max_num_batched_tokens=config.max_num_batched_tokens,
                         draft_confidence=config.draft_confidence,
-                        draft_int8=config.draft_int8, attention_backend=config.attention_backend)
+                        draft_int8=config.draft_int8, draft_ngram=config.draft_ngram,
+                        attention_backend=config.attention_backend)
     p = place(base)
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process

@@ -14,6 +14,10 @@ Worked example (k = 3): a request had token_ids t0..t9 (10 tokens, 9 computed) a
 Rejected d2's KV (position 12) is overwritten by step 2 here and by the target next step; slots
 past the computed tokens are never read before they are rewritten.
 
+With n-gram drafts on (EngineConfig.draft_ngram), a request whose last tokens occurred before gets
+the tokens that followed them (runtime.speculative.ngram) instead of the drafter's; steps 2..k
+run only while some request has no such proposal. Step 1 runs as always (the drafter's KV).
+
 A step that drafts nothing (more greedy requests than max_batch) runs the drafter only over prompt
 positions (their blocks may serve later requests through the prefix cache): each other request's
 step-1 rows (input ids, target features) are stashed and put in front of its rows in the next step
@@ -32,6 +36,7 @@ from runtime.inputs import StepInputs
 from runtime.kv.cache import compute_slot_mapping
 from runtime.scheduler import SchedulerOutput
 from runtime.speculative.drafter import EagleDrafter
+from runtime.speculative.ngram import NgramIndex
 
 
 class DraftRows(NamedTuple):
@@ -49,9 +54,11 @@ class DraftRows(NamedTuple):
 class EagleProposer:
     def __init__(self, drafter: EagleDrafter, num_speculative_tokens: int,
                  aux_layer_ids: tuple[int, ...], device: torch.device,
-                 min_confidence: float = 0.0, max_batch: int | None = None) -> None:
+                 min_confidence: float = 0.0, max_batch: int | None = None,
+                 ngram: bool = False) -> None:
         self.drafter = drafter
         self.k = num_speculative_tokens
+        self.ngram = ngram
         self.min_confidence = min_confidence
         self.max_batch = max_batch
         # request id -> (first position, input ids, target features) the drafter has not read
@@ -96,6 +103,7 @@ class EagleProposer:
         hidden = hidden.index_select(0, last)  # [num_sampling, H]
         gated = self.min_confidence > 0
         tokens, chain = self.drafter.draft_with_confidence(hidden, gated)  # [num_sampling]
+        looked_up = self._ngram_drafts(out, rows.sampling, emitted)
         steps, chains = [tokens], [chain]
         positions = [rows.positions[r] for r in rows.last_rows]
         lens = [seq_lens[i] for i in rows.sampling]
@@ -103,6 +111,8 @@ class EagleProposer:
         for _ in range(self.k - 1):
             if chain is not None and bool((chain < self.min_confidence).all()):
                 break  # every request's drafts end here: no more draft steps
+            if all(looked_up):
+                break  # every request drafts from its n-gram lookup
             positions = [p + 1 for p in positions]
             lens = [n + 1 for n in lens]
             slots = [compute_slot_mapping(t, [p], self.block_size)[0]
@@ -119,8 +129,23 @@ class EagleProposer:
         if gated:  # keep each request's drafts while the chain's probability stays >= the gate
             kept = (torch.stack(chains, dim=1) >= self.min_confidence).sum(1).tolist()  # type: ignore[arg-type]
             proposals = [p[:n] for p, n in zip(proposals, kept, strict=True)]
-        for i, proposal in zip(rows.sampling, proposals, strict=True):
-            drafts[i] = proposal
+        for i, proposal, lookup in zip(rows.sampling, proposals, looked_up, strict=True):
+            drafts[i] = lookup or proposal
+        return drafts
+
+    def _ngram_drafts(self, out: SchedulerOutput, sampling: list[int],
+                      emitted: list[list[int] | None]) -> list[list[int]]:
+        """Per sampling request: its n-gram lookup proposal ([] for none, or n-gram drafts off)."""
+        if not self.ngram:
+            return [[] for _ in sampling]
+        drafts = []
+        for i in sampling:
+            seq = out.scheduled[i].seq
+            tokens = seq.token_ids + (emitted[i] or [])
+            if seq.ngram_index is None:
+                seq.ngram_index = NgramIndex()
+            seq.ngram_index.extend(tokens)
+            drafts.append(seq.ngram_index.propose(tokens, self.k))
         return drafts
 
     def _step_one(self, rows: DraftRows, feats: torch.Tensor, tables: list[list[int]]

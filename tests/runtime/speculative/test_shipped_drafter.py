@@ -34,7 +34,8 @@ def test_shipped_drafter_is_lossless_on_the_default_model(smollm2_dir: Path) -> 
     drafter = default_drafter("smollm2-135m-instruct")
     plain = Engine(EngineConfig(kv_cache_memory=1 << 28))
     spec = Engine(EngineConfig(kv_cache_memory=1 << 28, drafter=str(drafter)))
-    int8 = Engine(EngineConfig(kv_cache_memory=1 << 28, drafter=str(drafter), draft_int8=True))
+    int8 = Engine(EngineConfig(kv_cache_memory=1 << 28, drafter=str(drafter), draft_int8=True,
+                               draft_ngram=True))  # the CLI's defaults
     ids = [plain.tokenizer.apply_chat_template([{"role": "user", "content": p}],
                                                add_generation_prompt=True, tokenize=True)
            for p in PROMPTS]
@@ -48,7 +49,7 @@ def test_shipped_drafter_is_lossless_on_the_default_model(smollm2_dir: Path) -> 
     want = run(plain)
     assert run(spec) == want
     assert spec.proposer is not None and spec.proposer.drafter.own_head
-    # int8 drafter weights: other drafts at most, the same tokens, and drafts still accepted
+    # int8 drafter weights and n-gram drafts: other drafts, the same tokens, drafts still accepted
     assert run(int8) == want
     assert int8.proposer is not None
     packed = [m for m in int8.proposer.drafter.modules() if isinstance(m, PrepackedLinear)]

@@ -1,0 +1,98 @@
+"""N-gram lookup drafts: exact proposals from the index, and in the engine the same greedy tokens
+with more of the drafts accepted where the text repeats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.request import Completion, GenerationRequest
+from runtime.speculative.ngram import NgramIndex
+from tests.drafter_fixtures import make_random_drafter
+
+
+def proposal(tokens: list[int], k: int) -> list[int]:
+    index = NgramIndex()
+    index.extend(tokens)
+    return index.propose(tokens, k)
+
+
+def test_the_docstring_example_and_the_longest_latest_match() -> None:
+    assert proposal([5, 6, 7, 8, 5, 6], 2) == [7, 8]
+    # [1, 2, 3] occurred at 0..2 (then 9) and [2, 3] later at 5..6 (then 4): the longer one wins
+    assert proposal([1, 2, 3, 9, 0, 2, 3, 4, 1, 2, 3], 3) == [9, 0, 2]
+    # [7, 7] occurred at 0..1 (then 5) and at 3..4 (then 8): the latest one
+    assert proposal([7, 7, 5, 7, 7, 8, 7, 7], 3) == [8, 7, 7]
+    # proposals stop at the end of what is known
+    assert proposal([4, 5, 4, 5], 3) == [4, 5]
+    assert proposal([1, 2, 3, 4], 3) == [] and proposal([1], 3) == [] and proposal([], 3) == []
+
+
+def test_indexing_in_pieces_equals_indexing_at_once() -> None:
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 6, (300,), generator=g).tolist()
+    grown = NgramIndex()
+    for end in range(0, 301, 7):
+        grown.extend(tokens[:end])
+        for k in (1, 3):
+            assert grown.propose(tokens[:end], k) == proposal(tokens[:end], k), (end, k)
+    # brute force: the longest suffix (4, 3, 2) with an earlier occurrence, its latest one
+    for end in range(2, 300):
+        seen, want = tokens[:end], []
+        for n in (4, 3, 2):
+            starts = [s for s in range(end - n) if seen[s:s + n] == seen[end - n:]]
+            if end > n and starts:
+                want = seen[starts[-1] + n:starts[-1] + n + 3]
+                break
+        assert proposal(seen, 3) == want, end
+
+
+def test_engine_with_ngram_drafts_gives_the_same_tokens_and_accepts_more(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The tiny random model falls into loops: n-gram drafts find them, a random drafter does
+    not. Greedy tokens stay those of the target alone, under preemption too."""
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=2, seed=3)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(4, 250, (n,), generator=g).tolist() for n in (6, 15, 3, 11)]
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+
+    def run(**kw: object) -> tuple[Engine, dict[str, Completion]]:
+        engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, **kw))  # type: ignore[arg-type]
+        requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)]
+        return engine, {c.request_id: c for c in engine.generate(requests)}
+
+    _, plain = run()
+    want = {k: c.token_ids for k, c in plain.items()}
+    _, drafted = run(drafter=str(drafter), num_speculative_tokens=3)
+    engine, looked_up = run(drafter=str(drafter), num_speculative_tokens=3, draft_ngram=True,
+                            kv_cache_memory=200_000)
+    assert engine.scheduler.num_preemptions > 0
+    assert {k: c.token_ids for k, c in drafted.items()} == want
+    assert {k: c.token_ids for k, c in looked_up.items()} == want
+    assert all(c.finish_reason == "length" for c in looked_up.values())
+    accepted = sum(c.num_accepted for c in looked_up.values())
+    assert accepted > 10 * sum(c.num_accepted for c in drafted.values())
+    assert accepted > sum(len(c.token_ids) for c in looked_up.values()) // 16
+    for c in looked_up.values():
+        assert c.num_accepted <= c.num_drafted <= 3 * c.num_draft_steps
+        assert sum(c.accepted_per_position) == c.num_accepted
+
+
+@pytest.mark.parametrize("draft_ngram", [False, True])
+def test_seeded_sampling_with_ngram_drafts_is_reproducible(tiny_model_dir: Path, tmp_path: Path,
+                                                          draft_ngram: bool) -> None:
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=1, seed=4)
+    config = EngineConfig(model=str(tiny_model_dir), block_size=4, drafter=str(drafter),
+                          num_speculative_tokens=2, draft_ngram=draft_ngram)
+    params = SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)
+
+    def run() -> tuple[int, ...]:
+        request = GenerationRequest("a", (5, 9, 13, 5, 9), params)
+        return next(iter(Engine(config).generate([request]))).token_ids
+
+    first = run()
+    assert len(first) == 30 and run() == first
