@@ -4,7 +4,8 @@
   (runtime.attention.cpu_backend);
 - panel_linear: every float32 Linear product, on a panel-packed weight (float32 panels, or
   bfloat16 ones for weights that are exactly bfloat16; runtime.cpu_gemm);
-- argmax_rows: the greedy sampler's argmax.
+- panel_entries: a few entries of a panel_linear product, the same bits (runtime.greedy_head);
+- argmax_rows: the greedy sampler's argmax; head_candidates: the exact greedy head's candidates.
 
 The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about 15 s the first time)
 with -march=native, cached by torch under its extensions directory with the CPU's feature flags
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
-_OPS = ("paged_attention", "panel_linear", "argmax_rows")
+_OPS = ("paged_attention", "panel_linear", "panel_entries", "argmax_rows", "head_candidates")
 _loaded: dict[str, bool] = {}
 
 

@@ -8,6 +8,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from runtime.cpu_kernels import argmax_rows
+from runtime.greedy_head import ExactGreedyHead
 from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.sampler import make_sampling_tensors, target_probs
@@ -43,6 +44,8 @@ class ModelRunner:
         self.proposer = proposer
         # Fixed draft width for the sampler (its random draws per request depend on it).
         self.draft_width = num_speculative_tokens if proposer is not None else 0
+        # greedy steps: the argmax without the full float32 head, same bits (runtime.greedy_head)
+        self.exact_head = ExactGreedyHead.for_head(model.lm_head)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> RunnerOutput:
@@ -76,20 +79,22 @@ class ModelRunner:
             n = len(r.logits_rows)
             padded += [start + min(j, n - 1) for j in range(width + 1)]
             start += n
-        logits = self.model.compute_logits(
-            hidden.index_select(0, torch.tensor(real, device=self.device)))
+        selected = hidden.index_select(0, torch.tensor(real, device=self.device))
         padded_index = torch.tensor(padded, device=self.device)
         seqs = [out.scheduled[r.seq_index].seq for r in rows]
         drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
         if all(s.params.greedy for s in seqs):
-            argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
+            best = (self.exact_head.argmax(selected) if self.exact_head is not None
+                    else argmax_rows(self.model.compute_logits(selected)))
+            argmax = best.index_select(0, padded_index).view(len(rows), width + 1)
             sampled = greedy_verify(drafts, num_drafts, argmax)
             return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
         st = make_sampling_tensors([s.params.temperature for s in seqs],
                                    [s.params.top_k for s in seqs],
                                    [s.params.top_p for s in seqs], self.device)
+        logits = self.model.compute_logits(selected)
         probs = target_probs(logits.index_select(0, padded_index), st, width + 1)
         sampled = rejection_sample(drafts, num_drafts, None, probs, st.greedy,
                                    [s.generator for s in seqs])

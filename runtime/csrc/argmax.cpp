@@ -9,6 +9,10 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <vector>
 #include <cstdint>
 #include <limits>
 
@@ -84,12 +88,72 @@ at::Tensor argmax_rows(const at::Tensor& logits) {  // [rows, n] float32 -> [row
   return out;
 }
 
+// Candidates of the exact greedy head (runtime.greedy_head): approx [rows, n] bfloat16 logits
+// from a bfloat16 product, with the bound B_v = c1 * hidden_norm[r] * weight_norm[v] + c2 *
+// |a_v| + slack on |a_v - exact_v|. Returns (row ids, column ids) of the entries with
+// a_v + B_v >= max_u (a_u - B_u), row-major, and whether every a_v was finite (if not, the
+// caller takes the full head and the lists are empty).
+std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
+    const at::Tensor& approx, const at::Tensor& hidden_norm, const at::Tensor& weight_norm,
+    double c1, double c2, double slack) {
+  TORCH_CHECK(approx.dim() == 2 && approx.is_contiguous() &&
+              approx.scalar_type() == at::kBFloat16, "head_candidates: [rows, n] bfloat16");
+  const int64_t rows = approx.size(0), n = approx.size(1);
+  TORCH_CHECK(hidden_norm.scalar_type() == at::kFloat && hidden_norm.numel() == rows &&
+              weight_norm.scalar_type() == at::kFloat && weight_norm.numel() == n &&
+              hidden_norm.is_contiguous() && weight_norm.is_contiguous(),
+              "head_candidates: float32 norms, one per row and one per column");
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(approx.data_ptr());
+  const float* hn = hidden_norm.data_ptr<float>();
+  const float* wn = weight_norm.data_ptr<float>();
+  const float fc1 = static_cast<float>(c1), fc2 = static_cast<float>(c2);
+  const float fslack = static_cast<float>(slack);
+  auto value = [](uint16_t bits) {
+    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &wide, sizeof f);
+    return f;
+  };
+  std::vector<int64_t> row_ids, col_ids;
+  std::vector<float> bound(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* row = a + r * n;
+    const float scale = fc1 * hn[r];
+    float floor = -std::numeric_limits<float>::infinity();
+    bool finite = true;
+    for (int64_t v = 0; v < n; ++v) {
+      const float x = value(row[v]);
+      finite &= std::isfinite(x);
+      bound[v] = scale * wn[v] + fc2 * std::fabs(x) + fslack;
+      floor = std::max(floor, x - bound[v]);
+    }
+    if (!finite || !std::isfinite(floor))
+      return {at::empty({0}, approx.options().dtype(at::kLong)),
+              at::empty({0}, approx.options().dtype(at::kLong)), false};
+    for (int64_t v = 0; v < n; ++v) {
+      if (value(row[v]) + bound[v] >= floor) {
+        row_ids.push_back(r);
+        col_ids.push_back(v);
+      }
+    }
+  }
+  const auto count = static_cast<int64_t>(row_ids.size());
+  at::Tensor out_rows = at::empty({count}, approx.options().dtype(at::kLong));
+  at::Tensor out_cols = at::empty({count}, approx.options().dtype(at::kLong));
+  std::copy(row_ids.begin(), row_ids.end(), out_rows.data_ptr<int64_t>());
+  std::copy(col_ids.begin(), col_ids.end(), out_cols.data_ptr<int64_t>());
+  return {out_rows, out_cols, true};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
   m.def("argmax_rows(Tensor logits) -> Tensor");
+  m.def("head_candidates(Tensor approx, Tensor hidden_norm, Tensor weight_norm, float c1, "
+        "float c2, float slack) -> (Tensor, Tensor, bool)");
 }
 
 TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {
   m.impl("argmax_rows", &argmax_rows);
+  m.impl("head_candidates", &head_candidates);
 }

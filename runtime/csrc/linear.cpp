@@ -181,13 +181,69 @@ at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contig
   return y;
 }
 
+// y[r_i, c_i] for a few (row, column) pairs only, with panel_linear's arithmetic (the same FMA
+// chain over k in order, then * scale, + bias): the same bits as those entries of the full
+// product. The exact greedy head (runtime.greedy_head) recomputes its candidates with it.
+template <typename W>
+void run_entries(const float* xp, const W* wp, const float* sc, const float* b, float* yp,
+                 const int64_t* row_ids, const int64_t* col_ids, int64_t count, int64_t k) {
+  for (int64_t e = 0; e < count; ++e) {
+    const int64_t col = col_ids[e];
+    const float* x = xp + row_ids[e] * k;
+    const W* w = wp + (col / kPanel) * k * kPanel + col % kPanel;
+    float acc = 0.f;
+    for (int64_t c = 0; c < k; ++c) acc = std::fma(x[c], widen(w[c * kPanel]), acc);
+    if (sc != nullptr) acc *= sc[col];
+    if (b != nullptr) acc += b[col];
+    yp[e] = acc;
+  }
+}
+
+at::Tensor panel_entries(const at::Tensor& x, const at::Tensor& panels,
+                         const c10::optional<at::Tensor>& bias, int64_t n,
+                         const at::Tensor& row_ids, const at::Tensor& col_ids) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "panel_entries: x must be a contiguous 2-d float32 tensor");
+  const int64_t k = x.size(1);
+  TORCH_CHECK(panels.is_contiguous() && panels.dim() == 3 && panels.size(1) == k &&
+              panels.size(2) == kPanel && panels.size(0) * kPanel >= n &&
+              (panels.scalar_type() == at::kFloat || panels.scalar_type() == at::kBFloat16),
+              "panel_entries: panels must be [ceil(n / 64), in_features, 64] float32 or bfloat16");
+  TORCH_CHECK(row_ids.scalar_type() == at::kLong && col_ids.scalar_type() == at::kLong &&
+              row_ids.is_contiguous() && col_ids.is_contiguous() &&
+              row_ids.numel() == col_ids.numel(), "panel_entries: int64 row and column ids");
+  const int64_t count = row_ids.numel();
+  const int64_t* rows = row_ids.data_ptr<int64_t>();
+  const int64_t* cols = col_ids.data_ptr<int64_t>();
+  for (int64_t e = 0; e < count; ++e)
+    TORCH_CHECK(rows[e] >= 0 && rows[e] < x.size(0) && cols[e] >= 0 && cols[e] < n,
+                "panel_entries: row or column out of range");
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
+                "panel_entries: bias must be [n] float32");
+    b = bias->data_ptr<float>();
+  }
+  at::Tensor y = at::empty({count}, x.options());
+  if (panels.scalar_type() == at::kBFloat16)
+    run_entries(x.data_ptr<float>(), reinterpret_cast<const bf16_bits*>(panels.data_ptr()),
+                nullptr, b, y.data_ptr<float>(), rows, cols, count, k);
+  else
+    run_entries(x.data_ptr<float>(), panels.data_ptr<float>(), nullptr, b, y.data_ptr<float>(),
+                rows, cols, count, k);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
   m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n, Tensor? scales=None) "
         "-> Tensor");
+  m.def("panel_entries(Tensor x, Tensor panels, Tensor? bias, int n, Tensor row_ids, "
+        "Tensor col_ids) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {
   m.impl("panel_linear", &panel_linear);
+  m.impl("panel_entries", &panel_entries);
 }

@@ -1,0 +1,104 @@
+"""The exact greedy head: bit for bit the argmax of the full float32 head, ties and near-ties
+included; panel_entries gives the same bits as those entries of panel_linear."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.cpu_gemm import PrepackedLinear, pack_panels, prepack
+from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
+from runtime.engine import Engine
+from runtime.greedy_head import ExactGreedyHead
+from runtime.request import GenerationRequest
+
+
+@pytest.fixture(autouse=True)
+def every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests check the exact path itself, at any number of rows."""
+    monkeypatch.setattr("runtime.greedy_head.MIN_ROWS", 1)
+
+
+def test_panel_entries_are_the_panel_linear_bits() -> None:
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(200, 96), torch.randn(200), torch.randn(9, 96)
+    full = torch.ops.eaglebatch.panel_linear(x, pack_panels(weight), bias, 200)
+    rows, cols = torch.randint(0, 9, (300,)), torch.randint(0, 200, (300,))
+    got = torch.ops.eaglebatch.panel_entries(x, pack_panels(weight), bias, 200, rows, cols)
+    assert torch.equal(got, full[rows, cols])
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.ops.eaglebatch.panel_entries(x, pack_panels(weight), bias, 200, rows[:1],
+                                           torch.tensor([200]))
+
+
+def head_of(vocab: int, hidden: int, seed: int) -> PrepackedLinear:
+    torch.manual_seed(seed)
+    head = prepack(nn.Linear(hidden, vocab, bias=False), head=True)
+    assert isinstance(head, PrepackedLinear)
+    return head
+
+
+@pytest.mark.parametrize("rows", [1, 4, 64])
+def test_exact_head_equals_the_full_argmax(rows: int) -> None:
+    head = head_of(5000, 96, 0)
+    exact = ExactGreedyHead.for_head(head)
+    assert exact is not None
+    g = torch.Generator().manual_seed(rows)
+    for scale in (0.1, 3.0, 30.0):  # flat to peaked logits: few to many candidates
+        x = torch.randn(rows, 96, generator=g) * scale
+        assert torch.equal(exact.argmax(x), argmax_rows(head(x)))
+
+
+def test_ties_and_near_ties_follow_argmax_rows() -> None:
+    torch.manual_seed(1)
+    linear = nn.Linear(64, 300, bias=False)
+    with torch.no_grad():
+        w = linear.weight
+        w[7] = w[200]  # exact ties: the first index wins
+        w[9] = w[100] * (1 + 2.0**-20)  # logits a few ulps apart: bfloat16 cannot tell them
+        w[11] = w[250] + 2.0**-23 * w[250].sign()
+    head = PrepackedLinear(linear, pack_panels(linear.weight.detach()), "panel", (1, None))
+    exact = ExactGreedyHead.for_head(head)
+    assert exact is not None
+    x = torch.stack([w[200], w[100], w[250], -w[3]]).detach() * 5  # winners among the pairs
+    full = argmax_rows(head(x))
+    assert full[0] == 7 and set(full[1:3].tolist()) <= {9, 100, 11, 250}
+    assert torch.equal(exact.argmax(x), full)
+
+
+def test_non_finite_rows_take_the_full_head() -> None:
+    head = head_of(500, 32, 2)
+    exact = ExactGreedyHead.for_head(head)
+    assert exact is not None
+    x = torch.randn(3, 32)
+    x[1, 4] = float("nan")
+    assert torch.equal(exact.argmax(x), argmax_rows(head(x)))
+
+
+def test_off_where_it_cannot_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ExactGreedyHead.for_head(nn.Linear(8, 20)) is None  # not on panels
+    assert ExactGreedyHead.for_head(prepack(nn.Linear(8, 70), int8=True)) is None
+    monkeypatch.setenv("EAGLEBATCH_EXACT_HEAD", "0")
+    assert ExactGreedyHead.for_head(head_of(100, 8, 3)) is None
+
+
+def test_engine_tokens_are_the_same_with_and_without_it(tiny_model_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, 250, (n,), generator=g).tolist() for n in range(3, 15)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+
+    def run() -> tuple[Engine, dict[str, tuple[int, ...]]]:
+        engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4))
+        requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)]
+        return engine, {c.request_id: c.token_ids for c in engine.generate(requests)}
+
+    engine, with_it = run()
+    assert engine.runner.exact_head is not None
+    monkeypatch.setenv("EAGLEBATCH_EXACT_HEAD", "0")
+    engine, without = run()
+    assert engine.runner.exact_head is None and with_it == without
