@@ -108,32 +108,48 @@ std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
   const float* wn = weight_norm.data_ptr<float>();
   const float fc1 = static_cast<float>(c1), fc2 = static_cast<float>(c2);
   const float fslack = static_cast<float>(slack);
-  auto value = [](uint16_t bits) {
-    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &wide, sizeof f);
-    return f;
-  };
   std::vector<int64_t> row_ids, col_ids;
-  std::vector<float> bound(n);
+  std::vector<float> low(n), high(n);  // a_v - B_v, a_v + B_v
+  constexpr int kLanes = 16;
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* row = a + r * n;
     const float scale = fc1 * hn[r];
-    float floor = -std::numeric_limits<float>::infinity();
-    bool finite = true;
-    for (int64_t v = 0; v < n; ++v) {
-      const float x = value(row[v]);
-      finite &= std::isfinite(x);
-      bound[v] = scale * wn[v] + fc2 * std::fabs(x) + fslack;
-      floor = std::max(floor, x - bound[v]);
+    for (int64_t v = 0; v < n; ++v) {  // vectorises: widen, bound, both ends
+      const uint32_t wide = static_cast<uint32_t>(row[v]) << 16;
+      float x;
+      std::memcpy(&x, &wide, sizeof x);
+      const float bound = scale * wn[v] + fc2 * std::fabs(x) + fslack;
+      low[v] = x - bound;
+      high[v] = x + bound;
     }
-    if (!finite || !std::isfinite(floor))
+    // max of low in kLanes partials (vectorises); x * 0 turns NaN for NaN and infinities
+    float lane_floor[kLanes], lane_bad[kLanes];
+    std::fill(lane_floor, lane_floor + kLanes, -std::numeric_limits<float>::infinity());
+    std::fill(lane_bad, lane_bad + kLanes, 0.f);
+    int64_t v = 0;
+    for (; v + kLanes <= n; v += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const float t = low[v + l];
+        lane_floor[l] = t > lane_floor[l] ? t : lane_floor[l];
+        lane_bad[l] += high[v + l] * 0.f;
+      }
+    }
+    float floor = -std::numeric_limits<float>::infinity(), bad = 0.f;
+    for (int l = 0; l < kLanes; ++l) {
+      floor = lane_floor[l] > floor ? lane_floor[l] : floor;
+      bad += lane_bad[l];
+    }
+    for (; v < n; ++v) {
+      floor = low[v] > floor ? low[v] : floor;
+      bad += high[v] * 0.f;
+    }
+    if (bad != 0.f || !std::isfinite(floor))  // some a_v (or its bound) was not finite
       return {at::empty({0}, approx.options().dtype(at::kLong)),
               at::empty({0}, approx.options().dtype(at::kLong)), false};
-    for (int64_t v = 0; v < n; ++v) {
-      if (value(row[v]) + bound[v] >= floor) {
+    for (int64_t u = 0; u < n; ++u) {
+      if (high[u] >= floor) {
         row_ids.push_back(r);
-        col_ids.push_back(v);
+        col_ids.push_back(u);
       }
     }
   }
