@@ -60,18 +60,22 @@ class ExactGreedyHead:
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows] int64
         hidden = hidden.float().contiguous()
         if hidden.shape[0] < MIN_ROWS:
-            return argmax_rows(self.head(hidden))
+            return self._full(hidden)
         approx = hidden.bfloat16() @ self.weight_bf16.T  # [rows, vocab] bfloat16
         rows, cols, finite = torch.ops.eaglebatch.head_candidates(
             approx, hidden.norm(dim=1), self.weight_norms, C1, C2, SLACK)
         if not finite:
-            return argmax_rows(self.head(hidden))
+            return self._full(hidden)
         exact = torch.ops.eaglebatch.panel_entries(hidden, self.head._packed, self.head.bias,
                                                    self.head.out_features, rows, cols)
         if not bool(exact.isfinite().all()):
-            return argmax_rows(self.head(hidden))
+            return self._full(hidden)
         n = hidden.shape[0]
         peak = torch.full((n,), -torch.inf).scatter_reduce(0, rows, exact, "amax")
         top = exact == peak[rows]  # ties: the first (smallest) column, as argmax_rows
         first = torch.full((n,), approx.shape[1], dtype=torch.int64)
         return first.scatter_reduce(0, rows[top], cols[top], "amin")
+
+    def _full(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The plain way: the whole float32 head, then its argmax."""
+        return argmax_rows(self.head(hidden))

@@ -137,6 +137,14 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, f
   }
 }
 
+// The bias's data ([n] float32, checked), or nullptr without one.
+const float* bias_data(const c10::optional<at::Tensor>& bias, int64_t n, const char* op) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
+              op, ": bias must be [n] float32");
+  return bias->data_ptr<float>();
+}
+
 at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contiguous
                         const at::Tensor& panels,   // [ceil(N / 64), K, 64] float32, bf16 or int8
                         const c10::optional<at::Tensor>& bias,  // [N] or None
@@ -162,12 +170,7 @@ at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contig
                 "panel_linear: scales must be [panels * 64] float32");
     sc = scales->data_ptr<float>();
   }
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
-                "panel_linear: bias must be [n] float32");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = bias_data(bias, n, "panel_linear");
   at::Tensor y = at::empty({rows, n}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -182,10 +185,11 @@ at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contig
 }
 
 // y[r_i, c_i] for a few (row, column) pairs only, with panel_linear's arithmetic (the same FMA
-// chain over k in order, then * scale, + bias): the same bits as those entries of the full
-// product. The exact greedy head (runtime.greedy_head) recomputes its candidates with it.
+// chain over k in order, then + bias; float32 or bfloat16 panels, no scales): the same bits as
+// those entries of the full product. The exact greedy head (runtime.greedy_head) recomputes its
+// candidates with it.
 template <typename W>
-void run_entries(const float* xp, const W* wp, const float* sc, const float* b, float* yp,
+void run_entries(const float* xp, const W* wp, const float* b, float* yp,
                  const int64_t* row_ids, const int64_t* col_ids, int64_t count, int64_t k) {
   for (int64_t e = 0; e < count; ++e) {
     const int64_t col = col_ids[e];
@@ -193,7 +197,6 @@ void run_entries(const float* xp, const W* wp, const float* sc, const float* b, 
     const W* w = wp + (col / kPanel) * k * kPanel + col % kPanel;
     float acc = 0.f;
     for (int64_t c = 0; c < k; ++c) acc = std::fma(x[c], widen(w[c * kPanel]), acc);
-    if (sc != nullptr) acc *= sc[col];
     if (b != nullptr) acc += b[col];
     yp[e] = acc;
   }
@@ -218,19 +221,14 @@ at::Tensor panel_entries(const at::Tensor& x, const at::Tensor& panels,
   for (int64_t e = 0; e < count; ++e)
     TORCH_CHECK(rows[e] >= 0 && rows[e] < x.size(0) && cols[e] >= 0 && cols[e] < n,
                 "panel_entries: row or column out of range");
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
-                "panel_entries: bias must be [n] float32");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = bias_data(bias, n, "panel_entries");
   at::Tensor y = at::empty({count}, x.options());
   if (panels.scalar_type() == at::kBFloat16)
-    run_entries(x.data_ptr<float>(), reinterpret_cast<const bf16_bits*>(panels.data_ptr()),
-                nullptr, b, y.data_ptr<float>(), rows, cols, count, k);
+    run_entries(x.data_ptr<float>(), reinterpret_cast<const bf16_bits*>(panels.data_ptr()), b,
+                y.data_ptr<float>(), rows, cols, count, k);
   else
-    run_entries(x.data_ptr<float>(), panels.data_ptr<float>(), nullptr, b, y.data_ptr<float>(),
-                rows, cols, count, k);
+    run_entries(x.data_ptr<float>(), panels.data_ptr<float>(), b, y.data_ptr<float>(), rows,
+                cols, count, k);
   return y;
 }
 

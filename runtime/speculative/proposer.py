@@ -15,8 +15,9 @@ Rejected d2's KV (position 12) is overwritten by step 2 here and by the target n
 past the computed tokens are never read before they are rewritten.
 
 With n-gram drafts on (EngineConfig.draft_ngram), a request whose last tokens occurred before gets
-the tokens that followed them (runtime.speculative.ngram) instead of the drafter's; steps 2..k
-run only while some request has no such proposal. Step 1 runs as always (the drafter's KV).
+the tokens that followed them (runtime.speculative.ngram) instead of the drafter's; the draft head
+and steps 2..k run only when some request has no such proposal. Step 1's forward runs as always
+(the drafter's KV).
 
 A step that drafts nothing (more greedy requests than max_batch) runs the drafter only over prompt
 positions (their blocks may serve later requests through the prefix cache): each other request's
@@ -99,11 +100,15 @@ class EagleProposer:
         hidden, seq_lens = self._step_one(rows, feats, tables)
         if not rows.sampling:
             return drafts
+        looked_up = self._ngram_drafts(out, rows.sampling, emitted)
+        if all(looked_up):  # every request drafts from its n-gram lookup: no draft head
+            for i, lookup in zip(rows.sampling, looked_up, strict=True):
+                drafts[i] = lookup
+            return drafts
         last = torch.tensor(rows.last_rows, device=self.device)
         hidden = hidden.index_select(0, last)  # [num_sampling, H]
         gated = self.min_confidence > 0
         tokens, chain = self.drafter.draft_with_confidence(hidden, gated)  # [num_sampling]
-        looked_up = self._ngram_drafts(out, rows.sampling, emitted)
         steps, chains = [tokens], [chain]
         positions = [rows.positions[r] for r in rows.last_rows]
         lens = [seq_lens[i] for i in rows.sampling]
@@ -111,8 +116,6 @@ class EagleProposer:
         for _ in range(self.k - 1):
             if chain is not None and bool((chain < self.min_confidence).all()):
                 break  # every request's drafts end here: no more draft steps
-            if all(looked_up):
-                break  # every request drafts from its n-gram lookup
             positions = [p + 1 for p in positions]
             lens = [n + 1 for n in lens]
             slots = [compute_slot_mapping(t, [p], self.block_size)[0]
