@@ -25,7 +25,14 @@ import torch
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
 _OPS = ("paged_attention", "panel_linear", "panel_entries", "argmax_rows", "head_candidates")
+# -fopenmp: at::parallel_for only runs on several threads when the extension itself is compiled
+# with OpenMP (without it, every kernel ran on one thread whatever torch.set_num_threads said).
+# The link names libgomp.so.1, the soname torch's wheel ships and has already loaded, so the
+# kernels share torch's thread pool and its thread count.
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+_LDFLAGS = ["-fopenmp"]
 _loaded: dict[str, bool] = {}
+_library: list[Path] = []  # the loaded kernel library, once built
 
 
 def load_cpu_kernels() -> bool:
@@ -55,6 +62,7 @@ def _machine_tag() -> str:
     except OSError:
         pass
     digest = hashlib.sha1(flags.encode())
+    digest.update(" ".join(_CFLAGS + _LDFLAGS).encode())
     for source in _SOURCES:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:10]
@@ -68,10 +76,15 @@ def _build() -> bool:
     if not (build_dir / f"{name}.so").exists():
         print("eaglebatch: compiling the CPU kernels (once per machine, ~15 s)", file=sys.stderr,
               flush=True)
-    cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
-                       extra_cflags=["-O3", "-march=native"], is_python_module=False,
-                       verbose=False)
+    cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES], extra_cflags=_CFLAGS,
+                       extra_ldflags=_LDFLAGS, is_python_module=False, verbose=False)
+    _library[:] = [build_dir / f"{name}.so"]
     return all(hasattr(torch.ops.eaglebatch, op) for op in _OPS)
+
+
+def kernel_library() -> Path | None:
+    """The shared library the kernels were loaded from (None when they are not loaded)."""
+    return _library[0] if load_cpu_kernels() and _library else None
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,20 @@ def test_cpu_kernel_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
     assert torch.equal(together[4:], alone)
 
 
+def test_cpu_kernel_gives_the_same_bits_on_any_number_of_threads() -> None:
+    query, key, value, cache, md = _inputs(9, 3, 64, QUERY_LENS, SEQ_LENS)
+    backend = CpuAttentionBackend(64**-0.5)
+    threads = torch.get_num_threads()
+    try:
+        outputs = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            outputs.append(backend.forward(query, key, value, cache.clone(), md))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outputs[0], outputs[1])
+
+
 def test_auto_picks_the_cpu_backend_on_the_cpu() -> None:
     assert choose_backend_name("auto", torch.device("cpu")) == "cpu"
     assert choose_backend_name("torch", torch.device("cpu")) == "torch"

@@ -3,6 +3,9 @@ kernel (BLAS outside the packed row range; panel_linear or oneDNN inside it); pa
 do not depend on the other rows of the product; the argmax kernel answers as torch does."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,7 +22,7 @@ from runtime.cpu_gemm import (
     quantize_int8,
     transpose_linear_weights,
 )
-from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
+from runtime.cpu_kernels import argmax_rows, kernel_library, load_cpu_kernels
 from runtime.model import CausalLM
 
 
@@ -98,6 +101,29 @@ def test_panel_linear_rows_do_not_depend_on_the_other_rows() -> None:
         assert torch.equal(product, alone[:rows]), rows
     shifted = torch.ops.eaglebatch.panel_linear(x[1:8].contiguous(), panels, bias, 200)
     assert torch.equal(shifted, alone[1:8])  # a row's place in its tile does not matter either
+
+
+def test_kernels_run_on_torchs_threads_with_the_same_bits() -> None:
+    """The kernel library is built with OpenMP (at::parallel_for is serial without it) and names
+    libgomp.so.1, the runtime torch has loaded; a product is the same bits on 1 and 3 threads."""
+    library = kernel_library()
+    assert library is not None and shutil.which("readelf"), "no kernel library or no readelf"
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "[libgomp.so.1]" in dynamic
+    torch.manual_seed(0)
+    weight, x = torch.randn(1000, 96), torch.randn(37, 96)
+    panels = pack_panels(weight)
+    threads = torch.get_num_threads()
+    try:
+        products = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            products.append(torch.ops.eaglebatch.panel_linear(x, panels, None, 1000))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(products[0], products[1])
+    torch.testing.assert_close(products[0], F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
 def test_bfloat16_panels_give_the_float32_panels_bits() -> None:
