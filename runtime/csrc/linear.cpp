@@ -112,18 +112,30 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
 template <typename W>
 void run_panels(const float* xp, const W* wp, const float* sc, const float* b, float* yp,
                 int64_t rows, int64_t k, int64_t n, int64_t num_panels) {
+  const int64_t threads = at::get_num_threads();
   for (int64_t m0 = 0; m0 < rows; m0 += kChunk) {
     const int64_t m1 = std::min(rows, m0 + kChunk);
-    at::parallel_for(0, num_panels, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
+    const int64_t tiles = (m1 - m0 + kMaxRows - 1) / kMaxRows;
+    // Work items are (panel, group of row tiles). When the panels do not divide evenly among the
+    // threads (9 panels of a 576-wide product on 2 threads), each panel's tiles are split among
+    // them too, so no thread idles while another finishes its extra panel; one thread's items
+    // are contiguous, so only a panel that straddles two threads is read twice. At a single tile
+    // the panels are not split (there, reading the weights is the cost).
+    const int64_t groups =
+        threads > 1 && num_panels % threads != 0 ? std::min(threads, tiles) : 1;
+    at::parallel_for(0, num_panels * groups, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t p = i / groups, g = i % groups;
         const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
         const W* panel = wp + p * k * kPanel;
         const float* bp = b != nullptr ? b + col : nullptr;
         const float* sp = sc != nullptr ? sc + col : nullptr;
-        for (int64_t m = m0; m < m1; m += kMaxRows) {
+        const int64_t first = m0 + kMaxRows * (tiles * g / groups);
+        const int64_t last = std::min(m1, m0 + kMaxRows * (tiles * (g + 1) / groups));
+        for (int64_t m = first; m < last; m += kMaxRows) {
           const float* xm = xp + m * k;
           float* ym = yp + m * n + col;
-          switch (std::min(kMaxRows, m1 - m)) {
+          switch (std::min(kMaxRows, last - m)) {
             case 6: tile<6>(xm, k, panel, sp, bp, ym, n, cols); break;
             case 5: tile<5>(xm, k, panel, sp, bp, ym, n, cols); break;
             case 4: tile<4>(xm, k, panel, sp, bp, ym, n, cols); break;
