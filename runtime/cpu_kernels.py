@@ -5,7 +5,9 @@
 - panel_linear: every float32 Linear product, on a panel-packed weight (float32 panels, or
   bfloat16 ones for weights that are exactly bfloat16; runtime.cpu_gemm);
 - panel_entries: a few entries of a panel_linear product, the same bits (runtime.greedy_head);
-- argmax_rows: the greedy sampler's argmax; head_candidates: the exact greedy head's candidates.
+- argmax_rows: the greedy sampler's argmax; head_candidates: the exact greedy head's candidates;
+- rms_norm, rope: the decoder's norms and rotary embedding in one pass each (runtime.model,
+  runtime.rope).
 
 The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about 15 s the first time)
 with -march=native, cached by torch under its extensions directory with the CPU's feature flags
@@ -24,12 +26,14 @@ from pathlib import Path
 import torch
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
-_OPS = ("paged_attention", "panel_linear", "panel_entries", "argmax_rows", "head_candidates")
+_OPS = ("paged_attention", "panel_linear", "panel_entries", "argmax_rows", "head_candidates",
+        "rms_norm", "rope")
 # -fopenmp: at::parallel_for only runs on several threads when the extension itself is compiled
 # with OpenMP (without it, every kernel ran on one thread whatever torch.set_num_threads said).
 # The link names libgomp.so.1, the soname torch's wheel ships and has already loaded, so the
-# kernels share torch's thread pool and its thread count.
-_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+# kernels share torch's thread pool and its thread count. -ffp-contract=off: no multiply-add is
+# fused unless the source says so (std::fma, _mm512_fmadd_ps), so the arithmetic is the source's.
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 _LDFLAGS = ["-fopenmp"]
 _loaded: dict[str, bool] = {}
 _library: list[Path] = []  # the loaded kernel library, once built
@@ -80,6 +84,15 @@ def _build() -> bool:
                        extra_ldflags=_LDFLAGS, is_python_module=False, verbose=False)
     _library[:] = [build_dir / f"{name}.so"]
     return all(hasattr(torch.ops.eaglebatch, op) for op in _OPS)
+
+
+def kernels_apply(*tensors: torch.Tensor) -> bool:
+    """Whether an inference-time op on these tensors may run as a C++ kernel: all contiguous
+    float32 on the CPU, no autograd (the kernels have no backward) and the kernels loaded."""
+    return (not torch.is_grad_enabled()
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                    for t in tensors)
+            and load_cpu_kernels())
 
 
 def kernel_library() -> Path | None:

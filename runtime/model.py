@@ -16,6 +16,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.attention import AttentionBackend, AttentionMetadata, make_backend
+from runtime.cpu_kernels import kernels_apply
 from runtime.rope import RotaryEmbedding
 
 
@@ -50,6 +51,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, size]
+        if x.dim() == 2 and kernels_apply(x, self.weight):
+            return torch.ops.eaglebatch.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -102,7 +105,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if torch.is_grad_enabled():  # training a drafter: autograd needs the temporaries
+            return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class DecoderLayer(nn.Module):

@@ -12,6 +12,8 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from runtime.cpu_kernels import kernels_apply
+
 
 def rope_parameters(config: PretrainedConfig) -> dict:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
@@ -54,6 +56,8 @@ class RotaryEmbedding(nn.Module):
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.is_contiguous() and kernels_apply(q, k, self.cos, self.sin):
+            return torch.ops.eaglebatch.rope(q, k, self.cos, self.sin, positions)
         cos, sin = self._lookup(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
