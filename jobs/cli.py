@@ -52,7 +52,7 @@ def main() -> None:
               type=click.IntRange(0),
               help="Greedy requests get no drafts in steps with more than this many requests "
                    "(on the CPU verifying drafts costs more than it saves at larger batches: "
-                   "the shipped drafter gains 1.7x at batch 1, about 1.0x at 16); such "
+                   "the shipped drafter gains 1.6-1.7x at batch 1, under 1.0x at 16); such "
                    "steps skip the drafter, which catches up when the batch drains. 0: draft at "
                    "any batch. Requests that sample always draft. Outputs are the same either "
                    "way.")
