@@ -48,7 +48,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
               type=click.FloatRange(0, 1, max_open=True),
               help="As in `generate`: drafts are cut where the drafter's probability of the "
-                   "drafts so far falls below this; 0 always drafts k.")
+                   "drafts so far falls below this (not while a greedy request runs alone); 0 "
+                   "always drafts k.")
 @click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
               help="As in `generate`: n-gram lookup drafts where the text repeats.")
 @click.option("--draft-int8/--no-draft-int8", default=True, show_default=True,

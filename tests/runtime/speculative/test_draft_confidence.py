@@ -26,12 +26,12 @@ def _requests() -> list[GenerationRequest]:
                               params) for i, n in enumerate(PROMPT_LENGTHS)]
 
 
-def _engine(model_dir: Path, drafter: Path, gate: float) -> Engine:
+def _engine(model_dir: Path, drafter: Path, gate: float, max_num_seqs: int = 64) -> Engine:
     """A random drafter's distributions are nearly flat; its head's norm is scaled up so that
     its confidence varies from draft to draft the way a trained drafter's does."""
     engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
                                  drafter=str(drafter), num_speculative_tokens=K,
-                                 draft_confidence=gate))
+                                 draft_confidence=gate, max_num_seqs=max_num_seqs))
     assert engine.proposer is not None
     with torch.no_grad():
         engine.proposer.drafter.norm.weight.mul_(SHARPEN)
@@ -78,7 +78,7 @@ def gate(tiny_model_dir: Path, drafter: Path) -> float:
     calls = _record(engine)
     list(engine.generate(_requests()))
     chains = torch.cat([torch.stack(c["probs"], dim=1).cumprod(dim=1)
-                        for c in calls if c["sampling"]])
+                        for c in calls if len(c["sampling"]) > 1])
     lowest_first, highest_pair = chains[:, 0].min().item(), chains[:, 1].max().item()
     assert lowest_first < highest_pair
     return (lowest_first + highest_pair) / 2
@@ -91,6 +91,9 @@ def test_drafts_stop_where_the_chain_probability_falls_below_the_gate(
     list(engine.generate(_requests()))
     lengths = []
     for call in calls:
+        if len(call["sampling"]) == 1:  # one greedy request samples alone: no cut
+            assert len(call["drafts"][call["sampling"][0]]) == K
+            continue
         if not call["sampling"]:
             continue
         chain = torch.stack(call["probs"], dim=1).cumprod(dim=1)  # [sampling, steps run]
@@ -114,6 +117,23 @@ def test_gated_drafting_is_lossless_and_drafts_less(tiny_model_dir: Path, drafte
     drafted_full = sum(c.num_drafted for c in full.values())
     drafted_gated = sum(c.num_drafted for c in gated.values())
     assert 0 < drafted_gated < drafted_full
+
+
+def test_a_greedy_request_alone_drafts_k_whatever_the_gate(tiny_model_dir: Path, drafter: Path,
+                                                          gate: float) -> None:
+    """At batch 1 the gate that cuts drafts in batches is not applied: every step verifies k
+    drafts (but the room left before max_tokens), and the tokens are the target's."""
+    engine = _engine(tiny_model_dir, drafter, gate, max_num_seqs=1)
+    calls = _record(engine)
+    alone = {c.request_id: c for c in engine.generate(_requests())}
+    drafting = [c for c in calls if c["sampling"]]
+    assert drafting and all(len(c["sampling"]) == 1 and len(c["drafts"][c["sampling"][0]]) == K
+                            and c["probs"] == [None] * K for c in drafting)
+    plain = {c.request_id: c for c in Engine(EngineConfig(
+        model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20)).generate(_requests())}
+    assert {k: c.token_ids for k, c in alone.items()} == {k: c.token_ids for k, c in plain.items()}
+    # the same gate cuts drafts when the requests share steps (the test above)
+    assert sum(c.num_drafted for c in alone.values()) > 0
 
 
 def test_draft_confidence_must_be_a_probability_below_one() -> None:
