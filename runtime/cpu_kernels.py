@@ -7,7 +7,7 @@
 - panel_entries: a few entries of a panel_linear product, the same bits (runtime.greedy_head);
 - argmax_rows: the greedy sampler's argmax; head_candidates: the exact greedy head's candidates;
 - rms_norm, rope: the decoder's norms and rotary embedding in one pass each (runtime.model,
-  runtime.rope).
+  runtime.rope); write_kv: a step's K and V into their cache slots (the cpu attention backend).
 
 The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about 15 s the first time)
 with -march=native, cached by torch under its extensions directory with the CPU's feature flags
@@ -27,7 +27,7 @@ import torch
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
 _OPS = ("paged_attention", "panel_linear", "panel_entries", "argmax_rows", "head_candidates",
-        "rms_norm", "rope")
+        "rms_norm", "rope", "write_kv")
 # -fopenmp: at::parallel_for only runs on several threads when the extension itself is compiled
 # with OpenMP (without it, every kernel ran on one thread whatever torch.set_num_threads said).
 # The link names libgomp.so.1, the soname torch's wheel ships and has already loaded, so the

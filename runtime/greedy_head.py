@@ -44,7 +44,9 @@ class ExactGreedyHead:
     def __init__(self, head: PrepackedLinear) -> None:
         weight = head.weight.detach()
         self.head = head
-        self.weight_bf16 = weight.bfloat16().contiguous()  # [vocab, hidden]
+        # [hidden, vocab]: oneDNN reads it ~0.5 ms faster than the [vocab, hidden] layout (8 to
+        # 64 rows, 2 threads, cache cold); the bound holds for any summation order
+        self.weight_bf16_t = weight.bfloat16().t().contiguous()
         self.weight_norms = weight.float().norm(dim=1) * (1 + 2.0**-10)  # [vocab], rounded up
 
     @classmethod
@@ -61,7 +63,7 @@ class ExactGreedyHead:
         hidden = hidden.float().contiguous()
         if hidden.shape[0] < MIN_ROWS:
             return self._full(hidden)
-        approx = hidden.bfloat16() @ self.weight_bf16.T  # [rows, vocab] bfloat16
+        approx = hidden.bfloat16() @ self.weight_bf16_t  # [rows, vocab] bfloat16
         rows, cols, finite = torch.ops.eaglebatch.head_candidates(
             approx, hidden.norm(dim=1), self.weight_norms, C1, C2, SLACK)
         if not finite:

@@ -1,7 +1,9 @@
 // The decoder's small per-token operations in one pass each, instead of torch's chains of
 // temporaries (at 64 decode rows they cost ~10 ms of a ~115 ms step on 2 cores; a pass here is
 // about a tenth of that). Both work on each row alone, so a row's result does not depend on the
-// other rows. Registered as torch.ops.eaglebatch.rms_norm and torch.ops.eaglebatch.rope.
+// other rows. Registered as torch.ops.eaglebatch.rms_norm and torch.ops.eaglebatch.rope; with them
+// torch.ops.eaglebatch.write_kv, which stores a step's K and V at their cache slots (one copy
+// pass instead of two index_copy_ calls per layer).
 //
 // rms_norm: y = weight * (x * (1 / sqrt(mean(x^2) + eps))), the two products rounded in that
 // order as in runtime.model.RMSNorm's torch path; the sum of squares runs in 16 lanes, then a
@@ -19,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 
 #ifdef __AVX512F__
@@ -128,9 +131,36 @@ std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q,          // [n, hea
   return {q_out, k_out};
 }
 
+void write_kv(at::Tensor& kv_cache,            // [2, blocks, block_size, kv_heads, dim]
+              const at::Tensor& key,           // [n, kv_heads, dim]
+              const at::Tensor& value,         // [n, kv_heads, dim]
+              const at::Tensor& slot_mapping)  // [n] int64
+{
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
+              kv_cache.scalar_type() == at::kFloat, "write_kv: a contiguous float32 cache");
+  const int64_t row = kv_cache.size(3) * kv_cache.size(4);
+  const int64_t slots = kv_cache.size(1) * kv_cache.size(2), n = slot_mapping.numel();
+  TORCH_CHECK(key.is_contiguous() && value.is_contiguous() && key.scalar_type() == at::kFloat &&
+              value.scalar_type() == at::kFloat && key.numel() == n * row &&
+              value.numel() == n * row, "write_kv: contiguous float32 [n, kv_heads, dim] K and V");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "write_kv: int64 slots");
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < n; ++t)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "write_kv: slot ", slot[t], " outside the cache");
+  float* k_cache = kv_cache.data_ptr<float>();
+  float* v_cache = k_cache + slots * row;
+  const float *kp = key.data_ptr<float>(), *vp = value.data_ptr<float>();
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(k_cache + slot[t] * row, kp + t * row, row * sizeof(float));
+    std::memcpy(v_cache + slot[t] * row, vp + t * row, row * sizeof(float));
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
+  m.def("write_kv(Tensor(a!) kv_cache, Tensor key, Tensor value, Tensor slot_mapping) -> ()");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions) -> (Tensor, Tensor)");
 }
@@ -138,4 +168,5 @@ TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
 TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rope", &rope);
+  m.impl("write_kv", &write_kv);
 }
