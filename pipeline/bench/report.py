@@ -200,7 +200,8 @@ def _plots(drawn: dict[str, Any]) -> str:
 _DEFINITIONS = """## Definitions
 
 - tokens/s: generated tokens of all requests / wall time of the run (model loading and warm-up
-  excluded); spread: ±half of (max - min) / median over the repeats.
+  excluded: transformers first runs one untimed static batch at each batch size, the engines one
+  request); spread: ±half of (max - min) / median over the repeats.
 - latency: a request's finish time - the run's start (all requests are submitted at the start);
   TTFT: its first generated token's time - the run's start. transformers' requests finish with
   their static batch.

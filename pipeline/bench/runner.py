@@ -2,8 +2,9 @@
 report.md and the plots.
 
 For each batch size the variants (transformers, engine k=0, engine k=1, ...) are built once,
-warmed up, then run in rounds, A B C A B C ..., so that drift of a shared machine (another job,
-clock changes) hits all of them alike. The engines of one batch size are freed before the next.
+warmed up (transformers with one untimed static batch of that size), then run in rounds,
+A B C A B C ..., so that drift of a shared machine (another job, clock changes) hits all of them
+alike. The engines of one batch size are freed before the next.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                                               workload, base), k, bandwidth)
         variant.warm_up(workload)
         engines.append(variant)
+    if baseline is not None:
+        baseline.warm_up_batch(workload, batch_size)
     records: list[tuple[int, RunRecord]] = []
     for repeat in range(config.repeats):
         if baseline is not None:
