@@ -49,10 +49,7 @@ class TransformersBaseline:
         self.pad_token_id = pad_token_id if pad_token_id is not None else min(eos_token_ids,
                                                                                default=0)
 
-    def warm_up(self, workload: Workload) -> None:
-        self._generate([workload.prompts[0]], 4, ignore_eos=True, streamer=None)
-
-    def warm_up_batch(self, workload: Workload, batch_size: int) -> None:
+    def warm_up(self, workload: Workload, batch_size: int) -> None:
         """One untimed run of the first static batch of this size: transformers' first run at a
         batch size is markedly slower than its next ones (batch 64, 2 CPU threads: 157 then 186
         and 184 tokens/s), which would flatter the engine in a single-repeat bench."""

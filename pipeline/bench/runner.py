@@ -83,7 +83,6 @@ def run_bench(config: BenchConfig) -> Path:
             baseline = TransformersBaseline(models.model_dir, p.device, p.dtype,
                                             eos_token_ids(models.model_dir, tokenizer),
                                             tokenizer.pad_token_id)
-            baseline.warm_up(workload)
         rows: list[dict[str, Any]] = []
         reference: dict[str, tuple[int, ...]] | None = None
         for batch_size in config.batch_sizes:
@@ -110,7 +109,7 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
         variant.warm_up(workload)
         engines.append(variant)
     if baseline is not None:
-        baseline.warm_up_batch(workload, batch_size)
+        baseline.warm_up(workload, batch_size)
     records: list[tuple[int, RunRecord]] = []
     for repeat in range(config.repeats):
         if baseline is not None:

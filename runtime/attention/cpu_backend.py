@@ -24,8 +24,7 @@ from typing import NamedTuple
 import torch
 
 from runtime.attention.metadata import AttentionMetadata
-from runtime.attention.torch_backend import TorchAttentionBackend, _Batched, write_kv
-from runtime.cpu_kernels import kernels_apply
+from runtime.attention.torch_backend import TorchAttentionBackend, _Batched
 
 SHORT_QUERY = 16
 
@@ -51,11 +50,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if (query.dtype != torch.float32 or kv_cache.dtype != torch.float32
                 or not kv_cache.is_contiguous()):  # the kernel's one layout; else the torch path
             return super().forward(query, key, value, kv_cache, md)
-        if (md.slot_mapping.dtype == torch.int64 and md.slot_mapping.is_contiguous()
-                and kernels_apply(key, value, kv_cache)):
-            torch.ops.eaglebatch.write_kv(kv_cache, key, value, md.slot_mapping)
-        else:
-            write_kv(kv_cache, key, value, md.slot_mapping)
+        torch.ops.eaglebatch.write_kv(kv_cache, key.contiguous(), value.contiguous(),
+                                      md.slot_mapping)
         query = query.contiguous()
         out = torch.empty_like(query)
         short, batches = self._cpu_plan(md, kv_cache.shape[2], query.device)
