@@ -38,8 +38,10 @@ def main() -> None:
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
               help="Built-in model name, a Hugging Face checkpoint directory or a .gguf file.")
 @click.option("--drafter", default="auto", show_default=True,
-              help="EAGLE drafter checkpoint directory for speculative decoding; 'none' to decode "
-                   "without one; 'auto' uses the model's default drafter when one ships.")
+              help="EAGLE drafter checkpoint directory for speculative decoding (EAGLE-1 or "
+                   "EAGLE-3, any number of layers; the EAGLE, SGLang and speculators layouts); "
+                   "'none' to decode without one; 'auto' uses the model's default drafter when "
+                   "one ships.")
 @click.option("--num-speculative-tokens", default=2, show_default=True, type=click.IntRange(1),
               help="Draft tokens proposed per step when a drafter is used (2 measured best for "
                    "the shipped drafter on CPU; see its model card).")

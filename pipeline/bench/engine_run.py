@@ -6,7 +6,6 @@ token and, for the bandwidth floor, the context the next decode step will read.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +22,7 @@ from runtime.engine import Engine
 from runtime.model import head_dim_of
 from runtime.request import Completion, GenerationRequest
 from runtime.setup import place
+from runtime.speculative.loader import read_drafter_config
 
 _KV_SLACK = 1.25
 
@@ -55,8 +55,7 @@ def _kv_bytes_for_batch(config: EngineConfig, workload: Workload, k: int) -> int
     target = AutoConfig.from_pretrained(config.model)
     layers = target.num_hidden_layers
     if config.drafter is not None:
-        layers += json.loads((Path(config.drafter) / "config.json").read_text()).get(
-            "num_hidden_layers", 1)
+        layers += read_drafter_config(Path(config.drafter)).get("num_hidden_layers", 1)
     longest = max(len(ids) + n for ids, n in zip(workload.prompts, workload.max_tokens,
                                                             strict=True))
     blocks_per_seq = -(-(longest + 2 * k + 2) // p.block_size) + 1

@@ -5,8 +5,9 @@ EAGLE-1: x = fc(concat(embed(next token), feature)) with feature = the target's 
 (or, when the checkpoint has norm + lm_head [+ d2t], its own head as in EAGLE-3).
 EAGLE-3: feature = concat of the residual streams entering three target layers, fc maps 3H -> H;
 layer 0 attends over concat(input_norm(embed), hidden_norm(fc out)) (2H inputs to q/k/v) with the
-fc output as residual; later layers are ordinary; its own norm and LM head over a draft vocabulary,
-mapped to target ids by target_id = draft_id + d2t[draft_id].
+fc output as residual (with norm_before_residual: hidden_norm(fc out)); later layers are ordinary;
+its own norm and LM head over a draft vocabulary, mapped to target ids by
+target_id = draft_id + d2t[draft_id].
 
 The embedding (and, for EAGLE-1, the LM head) belong to the target and are shared, not copied.
 """
@@ -47,6 +48,8 @@ class EagleDrafter(nn.Module):
         if style == "eagle3":
             self.embed_norm = RMSNorm(h, config.rms_norm_eps)
             self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        # EAGLE-3 variant (speculators' checkpoints): layer 0's residual is hidden_norm(fc out)
+        self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
         # EAGLE-3 always has its own norm + LM head over a draft vocabulary; an EAGLE-1 drafter
         # may have one too (a smaller head makes each draft step cheaper).
         self.own_head = style == "eagle3" if own_head is None else own_head
@@ -84,13 +87,17 @@ class EagleDrafter(nn.Module):
         """(first layer's input, residual) from the next tokens and the features; any leading
         shape ([n] or [batch, time]). EAGLE-1: fc(concat(embed, feature)) for both. EAGLE-3:
         residual = fc(target features) (the drafter's own H-wide output passes as is), input =
-        concat(norm(embed), norm(residual))."""
+        concat(norm(embed), norm(residual)); with norm_before_residual the residual is
+        norm(residual) too."""
         embeds = self.target[0].model.embed_tokens(input_ids)
         if self.style == "eagle1":
             x = self.fc(torch.cat((embeds, features), dim=-1))
             return x, x
         residual = self.fc(features) if features.shape[-1] != embeds.shape[-1] else features
-        return torch.cat((self.embed_norm(embeds), self.hidden_norm(residual)), dim=-1), residual
+        normed = self.hidden_norm(residual)
+        if self.norm_before_residual:
+            residual = normed
+        return torch.cat((self.embed_norm(embeds), normed), dim=-1), residual
 
     def compute_draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, H] -> [n] greedy draft token ids in the target's vocabulary."""

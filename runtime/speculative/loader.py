@@ -9,6 +9,14 @@ pytorch_model.bin holding:
     norm.weight, lm_head.weight [draft_vocab, H], d2t [draft_vocab]   (EAGLE-3)
 Keys may carry a "model." prefix; embed_tokens and t2d are ignored (the embedding is the
 target's; t2d is only needed for training).
+
+The speculators layout (config.json with `speculators_model_type`, read by vLLM) is read too:
+its Llama fields sit under `transformer_layer_config`, the EAGLE fields (draft_vocab_size,
+norm_before_residual, eagle_aux_hidden_state_layer_ids) at the top. Its "eagle3" weights use the
+names above; its "eagle" (EAGLE-1 / HASS) weights are `fusion_fc.*` (= fc) and `transformer.*`
+(= layers.0), beside copies of the verifier's embedding and LM head, which are ignored.
+EAGLE-3's `norm_before_residual` (layer 0 adds its attention output to hidden_norm(fc out)
+instead of fc out) is honoured whatever the layout.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from transformers import LlamaConfig, PretrainedConfig
 from runtime.model import head_dim_of
 
 IGNORED_KEYS = ("embed_tokens.weight", "t2d")
+_SPECULATORS_TOP_FIELDS = ("draft_vocab_size", "norm_before_residual", "target_hidden_size",
+                           "eagle_aux_hidden_state_layer_ids")
 
 
 class DrafterCheckpoint(NamedTuple):
@@ -41,15 +51,63 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"drafter {path}: no config.json (expected an EAGLE checkpoint "
                                 "directory with config.json and model.safetensors)")
-    raw = json.loads((path / "config.json").read_text())
+    raw = read_drafter_config(path)
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
     config.architectures = raw.get("architectures")
     tensors = _read_tensors(path)
+    if raw.get("speculators_model_type") == "eagle":
+        tensors = _from_speculators_eagle(tensors)
     style = _style(tensors, config, path)
     state = _rename(tensors, style)
     check_fit(config, state, style, target_config, path)
     aux = _aux_layer_ids(raw, style, target_config.num_hidden_layers)
     return DrafterCheckpoint(config, style, state, aux)
+
+
+def read_drafter_config(path: Path) -> dict:
+    """The drafter's config.json as one flat Llama-style dict (speculators layout unfolded; its
+    `speculators_model_type` is kept so the weights' names can be read accordingly)."""
+    where = path / "config.json"
+    try:
+        raw = json.loads(where.read_text())
+    except (OSError, ValueError) as exc:
+        raise DrafterMismatchError(f"drafter {where}: cannot read it as JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise DrafterMismatchError(f"drafter {where}: expected a JSON object")
+    kind = raw.get("speculators_model_type")
+    if kind is None:
+        return raw
+    if kind not in ("eagle", "eagle3"):
+        raise DrafterMismatchError(f"drafter {where}: speculators_model_type {kind!r} is not an "
+                                   "EAGLE drafter (supported: eagle, eagle3)")
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DrafterMismatchError(f"drafter {where}: speculators layout without a "
+                                   "transformer_layer_config object")
+    if kind == "eagle" and raw.get("layernorms"):
+        raise DrafterMismatchError(f"drafter {where}: layernorms is true (extra norms around the "
+                                   "fusion layer and before the LM head); only EAGLE-1 / HASS "
+                                   "drafters without them (layernorms false) are supported")
+    flat = dict(layer)
+    flat.update({k: raw[k] for k in _SPECULATORS_TOP_FIELDS if raw.get(k) is not None})
+    flat["speculators_model_type"] = kind
+    flat.setdefault("num_hidden_layers", 1)
+    return flat
+
+
+def _from_speculators_eagle(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """speculators' EAGLE-1 names to the public ones; its copies of the verifier's embedding and
+    LM head (saved beside the drafter) are dropped: the target's own are used."""
+    out = {}
+    for key, value in tensors.items():
+        if key in ("embed_tokens.weight", "lm_head.weight") or key.startswith("verifier"):
+            continue
+        if key.startswith("fusion_fc."):
+            key = "fc." + key.removeprefix("fusion_fc.")
+        elif key.startswith("transformer."):
+            key = "layers.0." + key.removeprefix("transformer.")
+        out[key] = value
+    return out
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -81,7 +139,7 @@ def _style(tensors: dict[str, torch.Tensor], config: PretrainedConfig, path: Pat
 def _rename(tensors: dict[str, torch.Tensor], style: str) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
-        if key in IGNORED_KEYS:
+        if key in IGNORED_KEYS or key.startswith("verifier"):  # speculators' training extras
             continue
         key = "layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key
         if style == "eagle3" and key == "layers.0.input_layernorm.weight":

@@ -184,6 +184,9 @@ def load_init_drafter(path: Path, style: str, num_layers: int, target_config: An
         raise ValueError(f"--init-drafter {path} is {ckpt.style} with "
                          f"{ckpt.config.num_hidden_layers} layers; this job trains "
                          f"{style} with {num_layers}")
+    if getattr(ckpt.config, "norm_before_residual", False):
+        raise ValueError(f"--init-drafter {path} sets norm_before_residual (an EAGLE-3 variant "
+                         "this job does not train); start from a drafter without it")
     return ckpt
 
 
