@@ -57,6 +57,9 @@ def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | No
 
 
 def is_string(t: pa.DataType) -> bool:
+    """Any Arrow string type, dictionary-encoded strings (pandas' category dtype) included."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t)
                 or pa.types.is_string_view(t))
 

@@ -215,3 +215,21 @@ def test_rows_the_engine_refuses_are_error_rows(tmp_path: Path, tiny_model_dir: 
     assert rows[1]["error"].endswith("raise --kv-cache-memory")
     assert rows[1]["completion"] is None and rows[1]["prompt_tokens"] > 31
     assert (summary.totals.rows, summary.totals.errors) == (2, 1)
+
+
+def test_dictionary_encoded_string_columns_are_read_as_strings(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    # pandas writes its category dtype as dictionary<string>: same prompts and ids as plain strings
+    import pyarrow as pa  # noqa: PLC0415
+
+    prompts = ["The quick brown fox", "Berlin is", "The quick brown fox", None]
+    table = pa.table({"id": pa.array(["x", "y", "z", "w"]).dictionary_encode(),
+                      "prompt": pa.array(prompts).dictionary_encode()})
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in" / "cat.parquet")
+    run_job(_config(tmp_path, tiny_model_dir), _factory(tiny_engine), progress=False)
+    rows = read_parts(tmp_path / "out").to_pylist()
+    assert [(r["id"], r["prompt"]) for r in rows] == list(zip("xyzw", prompts, strict=True))
+    for row, prompt in zip(rows[:3], prompts, strict=False):
+        assert tuple(row["completion_token_ids"]) == _alone(tiny_engine, str(prompt), 6)
+    assert (rows[3]["finish_reason"], rows[3]["error"]) == ("error", "prompt is null")

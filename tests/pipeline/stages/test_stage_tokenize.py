@@ -109,7 +109,10 @@ def test_per_row_overrides_and_nulls_falling_back_to_the_job(tiny_tokenizer: Any
 
 
 @pytest.mark.parametrize(("column", "value", "message"), [
-    ("temperature", -1.0, "temperature must be >= 0, got -1.0"),
+    ("temperature", -1.0, "temperature must be a finite number >= 0, got -1.0"),
+    ("temperature", float("nan"), "temperature must be a finite number >= 0, got nan"),
+    ("temperature", float("inf"), "temperature must be a finite number >= 0, got inf"),
+    ("top_p", float("nan"), "top_p must be in (0, 1], got nan"),
     ("max_tokens", 0, "max_tokens must be >= 1, got 0"),
     ("top_p", 0.0, "top_p must be in (0, 1], got 0.0"),
 ])
