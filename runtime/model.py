@@ -1,4 +1,4 @@
-"""LLaMA-family causal LM (Llama, Qwen2, Mistral) running on the paged KV cache.
+"""LLaMA-family causal LM (Llama, Qwen2, Qwen3, Mistral) running on the paged KV cache.
 
 Module and parameter names mirror Hugging Face's (model.layers.0.self_attn.q_proj.weight, ...),
 so a checkpoint's state dict loads without renaming. Attention metadata is passed explicitly as a
@@ -75,6 +75,11 @@ class Attention(nn.Module):
         # Llama's attention_bias covers o_proj too; Qwen2 has biases on q/k/v only
         o_bias = bool(getattr(config, "attention_bias", False)) and config.model_type != "qwen2"
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias)
+        # Qwen3: each head's query and key are RMS-normalised (over head_dim) before rotary
+        self.qk_norm = config.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.backend: AttentionBackend = make_backend(backend_name, self.head_dim**-0.5,
                                                       sliding_window)
 
@@ -90,6 +95,10 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:  # rows of head_dim: [n * heads, head_dim] for the row kernel
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(n, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(n, self.num_kv_heads,
+                                                               self.head_dim)
         q, k = rope(positions, q, k)
         out = self.backend.forward(q, k, v, kv_cache, md)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))

@@ -20,6 +20,7 @@ from runtime.model import CausalLM, head_dim_of, layer_windows
 from runtime.rope import RotaryEmbedding
 
 CPU_DEFAULT_KV_BYTES = 1 << 30
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -48,9 +49,9 @@ def place(config: EngineConfig) -> Placement:
 
 def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
                 max_positions: int) -> CausalLM:
-    if hf_config.model_type not in ("llama", "qwen2", "mistral"):
+    if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model type {hf_config.model_type!r} is not supported "
-                         "(supported: llama, qwen2, mistral)")
+                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     with torch.device("meta"):
         model = CausalLM(hf_config, p.backend, max_positions)
     model = model.to_empty(device=p.device)

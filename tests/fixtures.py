@@ -24,6 +24,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
 )
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0, 1, 2, 3
@@ -99,7 +100,8 @@ def make_tiny_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
 
 def _config_class(arch: str) -> Callable[..., PretrainedConfig]:
     classes: dict[str, Callable[..., PretrainedConfig]] = {
-        "llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+        "llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+        "mistral": MistralConfig}
     if arch not in classes:
         raise ValueError(f"arch must be one of {sorted(classes)}, got {arch!r}")
     return classes[arch]

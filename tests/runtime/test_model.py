@@ -38,6 +38,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 CASES: dict[str, dict[str, Any]] = {
     "llama-gqa": {"arch": "llama"},
     "qwen2-qkv-bias": {"arch": "qwen2"},
+    "qwen3-qk-norm": {"arch": "qwen3"},  # head_dim 128, not hidden / heads
     "mistral": {"arch": "mistral"},
     "mistral-window8": {"arch": "mistral", "sliding_window": 8},
     "llama-tied": {"arch": "llama", "tie_word_embeddings": True},

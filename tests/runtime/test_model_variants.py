@@ -35,3 +35,36 @@ def test_llama_with_attention_and_mlp_biases_matches_transformers(tmp_path: Path
     assert list(ours) == expected
     assert engine.model.model.layers[0].mlp.down_proj.bias is not None
     assert engine.model.model.layers[0].self_attn.o_proj.bias is not None
+
+
+def test_qwen3_target_matches_transformers_with_and_without_an_eagle3_drafter(
+        tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from tests.drafter_fixtures import make_random_drafter  # noqa: PLC0415
+    from tests.fixtures import make_tiny_checkpoint  # noqa: PLC0415
+
+    model_dir = make_tiny_checkpoint(tmp_path / "qwen3", arch="qwen3", num_layers=3)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # q_norm / k_norm start at 1: make a dropped norm change the tokens
+        g = torch.Generator().manual_seed(2)
+        for name, param in reference.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.copy_(1.0 + 0.5 * torch.randn(param.shape, generator=g))
+    reference.save_pretrained(model_dir)
+    drafter = make_random_drafter(model_dir, tmp_path / "drafter", num_layers=2, style="eagle3",
+                                  draft_vocab_size=100, aux_layer_ids=(0, 1, 2))
+    prompts = [[5, 9, 33, 12, 80, 7], [44, 3, 19]]
+    expected = [reference.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                for p in prompts]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    for drafter_dir in (None, drafter):
+        engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
+                                     drafter=str(drafter_dir) if drafter_dir else None))
+        done = {c.request_id: c for c in engine.generate(
+            [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)])}
+        assert [list(done[str(i)].token_ids) for i in range(len(prompts))] == expected
+        assert engine.model.model.layers[0].self_attn.q_norm.weight.shape == (128,)
+        if drafter_dir is not None:
+            assert sum(c.num_drafted for c in done.values()) > 0
