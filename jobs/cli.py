@@ -36,8 +36,8 @@ def main() -> None:
 @click.argument("input", metavar="INPUT")
 @click.argument("output_dir", metavar="OUTPUT_DIR")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Built-in model name, a Hugging Face checkpoint directory (Llama, Qwen2, "
-                   "Qwen3 or Mistral) or a .gguf file (Llama, Qwen2 or Mistral).")
+              help="Built-in model name, or a Hugging Face checkpoint directory or .gguf file "
+                   "of a Llama, Qwen2, Qwen3 or Mistral model.")
 @click.option("--drafter", default="auto", show_default=True,
               help="EAGLE drafter checkpoint directory for speculative decoding (EAGLE-1 or "
                    "EAGLE-3, any number of layers; the EAGLE, SGLang and speculators layouts); "

@@ -31,7 +31,7 @@ from transformers import (
     PretrainedConfig,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 # GGUF tensor name (inside blk.N.) -> Hugging Face name (inside model.layers.N.)
 _LAYER_TENSORS = {
@@ -40,6 +40,8 @@ _LAYER_TENSORS = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -106,6 +108,9 @@ def write_checkpoint(gguf_path: Path, out_dir: Path) -> None:
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     config.bos_token_id = meta.bos_token_id
     config.eos_token_id = meta.eos_token_id
+    head_dim = _field(reader, f"{meta.architecture}.attention.key_length")
+    if head_dim is not None:  # transformers' GGUF config reader leaves Qwen3's at its default
+        config.head_dim = int(head_dim)
     config.dtype = torch.float32
     permute_qk = meta.architecture == "llama"
     tensors = dequantized_tensors(reader, config.num_attention_heads,

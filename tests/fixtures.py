@@ -38,6 +38,7 @@ GGUF_LAYER_NAMES = {
     "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
     "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }
 
 CHAT_TEMPLATE = (
@@ -111,7 +112,8 @@ def make_tiny_checkpoint(out_dir: Path, *, arch: str = "llama", num_layers: int 
                          hidden_size: int = 64, num_heads: int = 4, num_kv_heads: int = 2,
                          intermediate_size: int = 128, vocab_size: int = TINY_VOCAB_SIZE,
                          max_position_embeddings: int = 512, tie_word_embeddings: bool = False,
-                         rope_scaling: dict | None = None, seed: int = 0) -> Path:
+                         rope_scaling: dict | None = None, seed: int = 0,
+                         head_dim: int | None = None) -> Path:
     """Save a random float32 model, the tiny tokenizer and a generation config to out_dir."""
     if vocab_size < TINY_VOCAB_SIZE:
         raise ValueError(f"vocab_size must be >= {TINY_VOCAB_SIZE} (the tiny tokenizer's size)")
@@ -131,6 +133,7 @@ def make_tiny_checkpoint(out_dir: Path, *, arch: str = "llama", num_layers: int 
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **({"head_dim": head_dim} if head_dim else {}),
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -160,15 +163,15 @@ def _gguf_tensor_name(hf_name: str) -> str:
 
 
 def make_tiny_gguf(checkpoint_dir: Path, out_path: Path) -> Path:
-    """Write a float32 GGUF (with tokenizer metadata) of a tiny llama or qwen2 checkpoint.
+    """Write a float32 GGUF (with tokenizer metadata) of a tiny llama, qwen2 or qwen3 checkpoint.
 
     As llama.cpp does, a llama checkpoint gets the "llama" architecture and permuted Q/K rows;
-    a qwen2 checkpoint keeps its rows (and its Q/K/V biases).
+    qwen2 and qwen3 checkpoints keep their rows (and qwen2 its Q/K/V biases, qwen3 its Q/K norms).
     """
     config = AutoConfig.from_pretrained(checkpoint_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(checkpoint_dir)
-    if config.model_type not in ("llama", "qwen2"):
-        raise ValueError(f"make_tiny_gguf writes llama or qwen2, got {config.model_type!r}")
+    if config.model_type not in ("llama", "qwen2", "qwen3"):
+        raise ValueError(f"make_tiny_gguf writes llama, qwen2 or qwen3, got {config.model_type!r}")
     permute = config.model_type == "llama"
     writer = gguf.GGUFWriter(out_path, config.model_type)
     writer.add_name("tiny-llama")
@@ -179,7 +182,10 @@ def make_tiny_gguf(checkpoint_dir: Path, out_path: Path) -> Path:
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)

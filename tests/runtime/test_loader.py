@@ -23,6 +23,7 @@ from runtime.loader import (
     load_tokenizer,
     resolve_model,
 )
+from runtime.model import head_dim_of
 from tests.fixtures import make_tiny_checkpoint, make_tiny_gguf
 
 
@@ -144,11 +145,14 @@ def test_unpermute_rotary_worked_example() -> None:
         gguf_convert.hf_tensor_name("rope_freqs.weight")
 
 
-@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("llama", True), ("qwen2", False)])
+@pytest.mark.parametrize(("arch", "tied", "head_dim"), [
+    ("llama", False, None), ("llama", True, None), ("qwen2", False, None),
+    ("qwen3", True, 32)])  # Qwen3: head_dim 32 is neither hidden / heads nor its config default
 def test_gguf_file_converts_to_the_same_checkpoint(tmp_path: Path, cache: Path, arch: str,
-                                                   tied: bool,
+                                                   tied: bool, head_dim: int | None,
                                                    capfd: pytest.CaptureFixture[str]) -> None:
-    original = make_tiny_checkpoint(tmp_path / "original", arch=arch, tie_word_embeddings=tied)
+    original = make_tiny_checkpoint(tmp_path / "original", arch=arch, tie_word_embeddings=tied,
+                                    head_dim=head_dim)
     gguf_path = make_tiny_gguf(original, tmp_path / "tiny.gguf")
     model_dir = resolve_model(str(gguf_path))
     assert model_dir.parent == cache / "models" and len(model_dir.name) == len("gguf-") + 16
@@ -162,6 +166,7 @@ def test_gguf_file_converts_to_the_same_checkpoint(tmp_path: Path, cache: Path, 
     assert (config.architectures, config.tie_word_embeddings, config.num_key_value_heads,
             config.max_position_embeddings) == (want.architectures, tied, 2, 512)
     assert config.rope_parameters["rope_theta"] == want.rope_parameters["rope_theta"]
+    assert head_dim_of(config) == head_dim_of(want) == (head_dim or 16)
     tokenizer, want_tokenizer = load_tokenizer(model_dir), load_tokenizer(original)
     text = "<s>user: Tell me a story.</s>\nassistant: Once upon a time"
     assert tokenizer.encode(text) == want_tokenizer.encode(text)
