@@ -9,6 +9,7 @@ import click
 
 from jobs.options import memory_size
 from pipeline.bench.config import BASELINES, BenchConfig, ReportConfig, parse_int_list
+from pipeline.bench.presets import preset_names
 from pipeline.config import JobError
 from runtime.config import CLI_DRAFT_CONFIDENCE, DEFAULT_MODEL
 
@@ -27,14 +28,15 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.command()
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
               help="Built-in model name, checkpoint directory, .gguf file, or random:<preset> "
-                   "(random weights in a real architecture's shape: llama-3-8b, llama-3.2-1b, "
-                   "smollm2-135m, qwen2-0.5b) for pure throughput measurements.")
+                   "(random weights in a real architecture's shape: "
+                   f"{', '.join(preset_names())}) for pure throughput measurements.")
 @click.option("--drafter", default="auto", show_default=True,
               help="EAGLE drafter checkpoint directory for the k > 0 variants; 'auto': the one "
                    "shipped for the model (random weights for random:<preset>); 'random': a "
                    "random one-layer drafter (measures drafting cost only); 'none'.")
 @click.option("--prompts", required=True, help="Parquet file of prompts.")
-@click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--prompt-column", default="prompt", show_default=True,
+              help="Column of --prompts holding the prompt text.")
 @click.option("--num-prompts", default=None, type=click.IntRange(1),
               help="Use the first N prompts (default: all).")
 @click.option("--no-chat-template", "no_chat_template", is_flag=True,
@@ -58,7 +60,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--attention-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "torch", "cpu", "flash"]),
               help="Attention backend of the engine variants (as in `generate`).")
-@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1),
+              help="New tokens per request at most (exactly, for random models: EOS ignored).")
 @click.option("--baseline", default="transformers", show_default=True,
               type=click.Choice(BASELINES), help="transformers `generate` on static batches.")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
@@ -66,9 +69,12 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--ignore-eos", is_flag=True,
               help="Generate exactly --max-tokens per request (equal work for every variant).")
 @click.option("--dtype", default="auto", show_default=True,
-              type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+              type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              help="Weights and activations of every variant; auto: float32 on CPU, bfloat16 "
+                   "on CUDA.")
 @click.option("--device", default="auto", show_default=True,
-              type=click.Choice(["auto", "cpu", "cuda"]))
+              type=click.Choice(["auto", "cpu", "cuda"]),
+              help="auto: CUDA when available, else CPU.")
 @click.option("--kv-cache-memory", default=None, callback=memory_size,
               help="KV cache per engine, e.g. 2GiB (default: enough for the whole batch).")
 @click.option("--max-num-batched-tokens", default=2048, show_default=True,

@@ -44,9 +44,12 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
               "'prompt'); the target answers them itself.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory: the drafter checkpoint, its model card, data and state.")
-@click.option("--layers", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--layers", default=2, show_default=True, type=click.IntRange(1),
+              help="Decoder layers of the drafter (initialised from the target's last layers).")
 @click.option("--style", default="eagle1", show_default=True,
-              type=click.Choice(["eagle1", "eagle3"]))
+              type=click.Choice(["eagle1", "eagle3"]),
+              help="eagle1: fed the target's last hidden state; eagle3: fed three of its "
+                   "layers' inputs, with its own head over a draft vocabulary.")
 @click.option("--num-speculative-tokens", default=3, show_default=True, type=click.IntRange(1),
               help="k: draft tokens per step in the evaluation (and unrolled in training).")
 @click.option("--draft-vocab-size", default=None, type=click.IntRange(1),
@@ -58,11 +61,13 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
                    "limited to those tokens. Default: share the target's whole head.")
 @click.option("--unroll", default=None, type=click.IntRange(1),
               help="Draft steps unrolled in training (training-time test); default k.")
-@click.option("--max-steps", default=None, type=click.IntRange(1))
+@click.option("--max-steps", default=None, type=click.IntRange(1),
+              help="Optimizer steps to train (give this, --time-budget, or both).")
 @click.option("--time-budget", default=None, help="Training time, e.g. 45m (with or instead of "
               "--max-steps; training stops at whichever comes first).")
 @click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt and OUT/data.")
-@click.option("--max-answer-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--max-answer-tokens", default=128, show_default=True, type=click.IntRange(1),
+              help="Longest answer the target generates per training prompt.")
 @click.option("--max-train-prompts", default=None, type=click.IntRange(1),
               help="Use only the first N training prompts.")
 @click.option("--answer-samples", default=0, show_default=True, type=click.IntRange(0),
@@ -82,9 +87,12 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
               path_type=Path), help="Start from this drafter's weights (same style and layer "
               "count) instead of the target's last layers: fine-tuning, e.g. on more data. The "
               "optimizer and schedule start afresh.")
-@click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(0, min_open=True))
-@click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(0))
-@click.option("--batch-tokens", default=4096, show_default=True, type=click.IntRange(64))
+@click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="Peak AdamW learning rate (cosine decay to 5% after the warm-up).")
+@click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(0),
+              help="Steps of linear learning-rate warm-up.")
+@click.option("--batch-tokens", default=4096, show_default=True, type=click.IntRange(64),
+              help="Padded tokens per training batch (answers of similar length together).")
 @click.option("--token-loss-weight", default=0.1, show_default=True,
               type=click.FloatRange(0, min_open=True),
               help="EAGLE-1: weight of the token cross-entropy next to the feature regression "
@@ -93,8 +101,10 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
               help="Train under bf16 autocast (faster on CPUs with AMX/AVX512-BF16).")
 @click.option("--eval-prompts", default=None, type=click.Path(exists=True, dir_okay=False,
               path_type=Path), help="Held-out Parquet prompts to measure acceptance on at the end.")
-@click.option("--num-eval", default=32, show_default=True, type=click.IntRange(1))
-@click.option("--eval-max-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--num-eval", default=32, show_default=True, type=click.IntRange(1),
+              help="How many of --eval-prompts (the first N) to measure acceptance on.")
+@click.option("--eval-max-tokens", default=128, show_default=True, type=click.IntRange(1),
+              help="Tokens generated per held-out prompt in that measurement.")
 def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, style: str,
                   num_speculative_tokens: int, draft_vocab_size: int | None,
                   draft_head_size: int | None, unroll: int | None,

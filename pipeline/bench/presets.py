@@ -30,6 +30,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen2-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
                        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                        vocab_size=151936, rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, vocab_size=151936, rope_theta=1000000.0,
+                       tie_word_embeddings=True),
+    "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, vocab_size=151936, rope_theta=1000000.0,
+                     tie_word_embeddings=False),
 }
 MAX_POSITIONS = 8192
 _SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3; bytes follow

@@ -21,7 +21,8 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
 
 
 def test_presets_have_the_real_shapes() -> None:
-    assert presets.preset_names() == ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b", "smollm2-135m"]
+    assert presets.preset_names() == ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b", "qwen3-0.6b",
+                                      "qwen3-8b", "smollm2-135m"]
     llama = presets.PRESETS["llama-3-8b"]
     assert (llama["hidden_size"], llama["num_hidden_layers"], llama["num_key_value_heads"],
             llama["vocab_size"]) == (4096, 32, 8, 128256)
@@ -37,7 +38,7 @@ def test_byte_tokenizer_round_trips_any_text(tmp_path: Path) -> None:
     assert tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 3
 
 
-@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2-0.5b"])
+@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2-0.5b", "qwen3-0.6b"])
 def test_random_checkpoint_runs_and_a_random_drafter_is_lossless(
         preset: str, tmp_path: Path) -> None:
     target = presets.make_random_checkpoint(preset, tmp_path / "m", torch.float32, shape=TINY)
