@@ -13,6 +13,9 @@ makes decode and draft verification batch-invariant: after the same prefill, a r
 are the same bits whether it decodes alone, verifies k drafts, or runs next to 63 others. (SDPA
 rounds by batch shape, so a prompt cut into other chunks can differ in the last bits.)
 
+In bfloat16 and float16 the kernel widens each value it reads to float32 and rounds its result
+once: the float32 result on the same (widened) inputs.
+
 The kernel is built with the other CPU kernels (runtime.cpu_kernels); where it cannot be built,
 "auto" falls back to the torch backend; EAGLEBATCH_CPU_KERNEL=0 turns it off.
 """
@@ -27,6 +30,7 @@ from runtime.attention.metadata import AttentionMetadata
 from runtime.attention.torch_backend import TorchAttentionBackend, _Batched
 
 SHORT_QUERY = 16
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # 16-bit: computed in float32
 
 
 class _KernelRows(NamedTuple):
@@ -47,7 +51,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         md: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        if (query.dtype != torch.float32 or kv_cache.dtype != torch.float32
+        if (query.dtype not in KERNEL_DTYPES or kv_cache.dtype != query.dtype
                 or not kv_cache.is_contiguous()):  # the kernel's one layout; else the torch path
             return super().forward(query, key, value, kv_cache, md)
         torch.ops.eaglebatch.write_kv(kv_cache, key.contiguous(), value.contiguous(),

@@ -8,16 +8,23 @@
 // W, only keys > position - W). Scores, softmax and the weighted sum of values are computed in
 // float32 per query, over its visible keys in order: a query's result does not depend on the other
 // queries of its tile, its sequence's chunking, or the other sequences in the batch.
+//
+// float32, bfloat16 and float16 tensors (query, cache and output of one dtype): 16-bit values are
+// widened to float32 as they are read (exact) and the result rounded once when stored, so a
+// 16-bit run gives the float32 kernel's result on the widened inputs, rounded.
 
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -103,25 +110,43 @@ inline float exp_nonpositive(float x) {
 
 // Asks for a cached token's row (all KV heads) ahead of use: blocks are scattered, and hardware
 // prefetchers do not follow a sequence from one block to the next.
-inline void prefetch_row(const float* row, int64_t floats) {
-  for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(row + f, 0, 3);
+inline void prefetch_row(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
+// n values of src as float32: src itself for float, else widened into scratch (exact).
+template <typename T>
+inline const float* as_floats(const T* src, int64_t n, float* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // a bfloat16 is a float's top half
+    const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(scratch + i, &wide, sizeof wide);
+    }
+    return scratch;
+  } else {
+    for (int64_t i = 0; i < n; ++i) scratch[i] = static_cast<float>(src[i]);
+    return scratch;
+  }
 }
 
 inline void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
 }
 
-void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim] float32
+template <typename T>
+void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
                      const at::Tensor& kv_cache,     // [2, blocks, block_size, kv_heads, dim]
-                     at::Tensor& out,                // [num_tokens, heads, dim] float32
+                     at::Tensor& out,                // [num_tokens, heads, dim]
                      const at::Tensor& rows,         // [R] int64: sequences to compute
                      const at::Tensor& query_starts, // [S] int64
                      const at::Tensor& query_lens,   // [S] int64
                      const at::Tensor& seq_lens,     // [S] int64: cached tokens after this step
                      const at::Tensor& block_table,  // [S, max_blocks] int32
                      double scale, int64_t window) {
-  TORCH_CHECK(query.scalar_type() == at::kFloat && kv_cache.scalar_type() == at::kFloat &&
-              out.scalar_type() == at::kFloat, "paged_attention: float32 tensors only");
   TORCH_CHECK(query.is_contiguous() && kv_cache.is_contiguous() && out.is_contiguous() &&
               block_table.is_contiguous(), "paged_attention: contiguous tensors only");
   TORCH_CHECK(block_table.scalar_type() == at::kInt, "paged_attention: int32 block table");
@@ -131,10 +156,10 @@ void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim]
   TORCH_CHECK(kv_cache.size(4) == dim && heads % kv_heads == 0, "paged_attention: shapes");
   const int64_t group = heads / kv_heads;
   const int64_t table_width = block_table.size(1);
-  const float* q_base = query.data_ptr<float>();
-  const float* k_base = kv_cache.data_ptr<float>();
-  const float* v_base = k_base + num_blocks * block_size * kv_heads * dim;
-  float* o_base = out.data_ptr<float>();
+  const T* q_base = query.data_ptr<T>();
+  const T* k_base = kv_cache.data_ptr<T>();
+  const T* v_base = k_base + num_blocks * block_size * kv_heads * dim;
+  T* o_base = out.data_ptr<T>();
   const int64_t* row_ids = rows.data_ptr<int64_t>();
   const int64_t* starts = query_starts.data_ptr<int64_t>();
   const int64_t* q_lens = query_lens.data_ptr<int64_t>();
@@ -142,6 +167,7 @@ void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim]
   const int32_t* tables = block_table.data_ptr<int32_t>();
   const float fscale = static_cast<float>(scale);
   const int64_t token_stride = kv_heads * dim;  // between consecutive slots of the cache
+  const int64_t row_bytes = token_stride * static_cast<int64_t>(sizeof(T));
 
   // Work items: (sequence, tile of up to kTile query tokens). A tile reads the keys its queries
   // see; a cached token's K (and V) for all KV heads is one contiguous run of kv_heads * dim
@@ -151,7 +177,7 @@ void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim]
   for (int64_t r = 0; r < rows.size(0); ++r)
     for (int64_t t = 0; t < q_lens[row_ids[r]]; t += kTile) items.emplace_back(row_ids[r], t);
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc;
+    std::vector<float> scores, acc, q_wide, kv_wide(token_stride);
     for (int64_t item = begin; item < end; ++item) {
       const auto [s, t0] = items[item];
       const int64_t kv_len = kv_lens[s], q0 = starts[s];
@@ -167,14 +193,16 @@ void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim]
       scores.resize(nq * span);
       acc.assign(nq * dim, 0.f);
       const int32_t* table = tables + s * table_width;
-      const float* q_tile = q_base + (q0 + t0) * heads * dim;
+      q_wide.resize(nq * dim);
+      const float* q_tile = as_floats(q_base + (q0 + t0) * heads * dim, nq * dim, q_wide.data());
       auto slot_of = [&](int64_t j) {
         return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
       };
       for (int64_t j = lo; j < hi; ++j) {
         if (j + kAhead < hi)
-          prefetch_row(k_base + slot_of(j + kAhead) * token_stride, token_stride);
-        const float* k = k_base + slot_of(j) * token_stride;
+          prefetch_row(k_base + slot_of(j + kAhead) * token_stride, row_bytes);
+        const float* k = as_floats(k_base + slot_of(j) * token_stride, token_stride,
+                                   kv_wide.data());
         for (int64_t i = t0; i < t1; ++i) {
           if (j > first_pos + i || j < first_key(i)) continue;
           for (int64_t h = 0; h < heads; ++h) {
@@ -197,16 +225,41 @@ void paged_attention(const at::Tensor& query,        // [num_tokens, heads, dim]
       }
       for (int64_t j = lo; j < hi; ++j) {
         if (j + kAhead < hi)
-          prefetch_row(v_base + slot_of(j + kAhead) * token_stride, token_stride);
-        const float* v = v_base + slot_of(j) * token_stride;
+          prefetch_row(v_base + slot_of(j + kAhead) * token_stride, row_bytes);
+        const float* v = as_floats(v_base + slot_of(j) * token_stride, token_stride,
+                                   kv_wide.data());
         for (int64_t a = 0; a < nq; ++a) {
           const float p = scores[a * span + (j - lo)];
           if (p != 0.f) axpy(p, v + ((a % heads) / group) * dim, acc.data() + a * dim, dim);
         }
       }
-      std::copy(acc.begin(), acc.end(), o_base + (q0 + t0) * heads * dim);
+      T* o_tile = o_base + (q0 + t0) * heads * dim;
+      for (int64_t e = 0; e < nq * dim; ++e) o_tile[e] = static_cast<T>(acc[e]);  // one rounding
     }
   });
+}
+
+
+void paged_attention(const at::Tensor& query, const at::Tensor& kv_cache, at::Tensor& out,
+                     const at::Tensor& rows, const at::Tensor& query_starts,
+                     const at::Tensor& query_lens, const at::Tensor& seq_lens,
+                     const at::Tensor& block_table, double scale, int64_t window) {
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(kv_cache.scalar_type() == dtype && out.scalar_type() == dtype,
+              "paged_attention: query, cache and output of one dtype");
+  switch (dtype) {
+    case at::kFloat:
+      return paged_attention_impl<float>(query, kv_cache, out, rows, query_starts, query_lens,
+                                         seq_lens, block_table, scale, window);
+    case at::kBFloat16:
+      return paged_attention_impl<c10::BFloat16>(query, kv_cache, out, rows, query_starts,
+                                                 query_lens, seq_lens, block_table, scale, window);
+    case at::kHalf:
+      return paged_attention_impl<c10::Half>(query, kv_cache, out, rows, query_starts,
+                                             query_lens, seq_lens, block_table, scale, window);
+    default:
+      TORCH_CHECK(false, "paged_attention: float32, bfloat16 or float16 tensors, not ", dtype);
+  }
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // about a tenth of that). Both work on each row alone, so a row's result does not depend on the
 // other rows. Registered as torch.ops.eaglebatch.rms_norm and torch.ops.eaglebatch.rope; with them
 // torch.ops.eaglebatch.write_kv, which stores a step's K and V at their cache slots (one copy
-// pass instead of two index_copy_ calls per layer).
+// pass instead of two index_copy_ calls per layer; any dtype, K and V in the cache's).
 //
 // rms_norm: y = weight * (x * (1 / sqrt(mean(x^2) + eps))), the two products rounded in that
 // order as in runtime.model.RMSNorm's torch path; the sum of squares runs in 16 lanes, then a
@@ -136,24 +136,28 @@ void write_kv(at::Tensor& kv_cache,            // [2, blocks, block_size, kv_hea
               const at::Tensor& value,         // [n, kv_heads, dim]
               const at::Tensor& slot_mapping)  // [n] int64
 {
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
-              kv_cache.scalar_type() == at::kFloat, "write_kv: a contiguous float32 cache");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "write_kv: a contiguous [2, blocks, block_size, kv_heads, dim] cache");
   const int64_t row = kv_cache.size(3) * kv_cache.size(4);
   const int64_t slots = kv_cache.size(1) * kv_cache.size(2), n = slot_mapping.numel();
-  TORCH_CHECK(key.is_contiguous() && value.is_contiguous() && key.scalar_type() == at::kFloat &&
-              value.scalar_type() == at::kFloat && key.numel() == n * row &&
-              value.numel() == n * row, "write_kv: contiguous float32 [n, kv_heads, dim] K and V");
+  TORCH_CHECK(key.is_contiguous() && value.is_contiguous() &&
+              key.scalar_type() == kv_cache.scalar_type() &&
+              value.scalar_type() == kv_cache.scalar_type() && key.numel() == n * row &&
+              value.numel() == n * row,
+              "write_kv: contiguous [n, kv_heads, dim] K and V of the cache's dtype");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
               "write_kv: int64 slots");
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < n; ++t)
     TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "write_kv: slot ", slot[t], " outside the cache");
-  float* k_cache = kv_cache.data_ptr<float>();
-  float* v_cache = k_cache + slots * row;
-  const float *kp = key.data_ptr<float>(), *vp = value.data_ptr<float>();
+  const int64_t bytes = row * static_cast<int64_t>(kv_cache.element_size());  // a plain copy
+  char* k_cache = static_cast<char*>(kv_cache.data_ptr());
+  char* v_cache = k_cache + slots * bytes;
+  const char* kp = static_cast<const char*>(key.data_ptr());
+  const char* vp = static_cast<const char*>(value.data_ptr());
   for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(k_cache + slot[t] * row, kp + t * row, row * sizeof(float));
-    std::memcpy(v_cache + slot[t] * row, vp + t * row, row * sizeof(float));
+    std::memcpy(k_cache + slot[t] * bytes, kp + t * bytes, bytes);
+    std::memcpy(v_cache + slot[t] * bytes, vp + t * bytes, bytes);
   }
 }
 

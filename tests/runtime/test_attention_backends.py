@@ -86,10 +86,21 @@ def test_auto_picks_the_cpu_backend_on_the_cpu() -> None:
     assert choose_backend_name("torch", torch.device("cpu")) == "torch"
 
 
-def test_bfloat16_falls_back_to_the_torch_path() -> None:
-    query, key, value, cache, md = _inputs(9, 3, 64, [1, 2], [30, 40])
-    args = (query.bfloat16(), key.bfloat16(), value.bfloat16())
-    got = CpuAttentionBackend(0.125).forward(*args, cache.bfloat16(), md)
-    md.derived.clear()
-    want = TorchAttentionBackend(0.125).forward(*args, cache.bfloat16(), md)
-    assert torch.equal(got, want)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_kernel_gives_the_float32_result_on_the_widened_inputs_rounded_once(
+        dtype: torch.dtype) -> None:
+    query, key, value, cache, md = _inputs(9, 3, 64, QUERY_LENS, SEQ_LENS)
+    narrow = [t.to(dtype) for t in (query, key, value, cache)]
+    backend = CpuAttentionBackend(64**-0.5, 20)
+    got_cache = narrow[3].clone()
+    got = backend.forward(*narrow[:3], got_cache, md)
+    wide_cache = narrow[3].float()
+    want = backend.forward(*(t.float() for t in narrow[:3]), wide_cache, md)
+    assert got.dtype == dtype and torch.equal(got_cache, wide_cache.to(dtype))
+    starts = md.query_starts
+    for i, n in enumerate(QUERY_LENS):
+        rows = slice(starts[i], starts[i + 1])
+        if n <= SHORT_QUERY:  # the kernel's rows: exactly the float32 kernel's, rounded
+            assert torch.equal(got[rows], want[rows].to(dtype)), i
+        else:  # prefill rows take the torch path in the 16-bit dtype
+            torch.testing.assert_close(got[rows].float(), want[rows], rtol=2e-2, atol=2e-2)

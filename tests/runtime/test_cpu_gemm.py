@@ -188,6 +188,10 @@ def test_argmax_kernel_answers_as_torch_does() -> None:
     assert want.tolist()[1:5] == [7, 0, 3, 10]
     assert torch.equal(argmax_rows(logits), want)
     assert torch.equal(argmax_rows(logits[:, :999]), logits[:, :999].argmax(-1))  # strided view
+    for dtype in (torch.bfloat16, torch.float16):  # widened to float32 (exact), then the kernel
+        narrow = logits.to(dtype)
+        narrow[5, [20, 21]] = narrow[5].max() + 1  # a tie made by the rounding of the others
+        assert torch.equal(argmax_rows(narrow), narrow.argmax(-1))
 
 
 def test_lay_out_keeps_state_dict_and_outputs_of_a_model() -> None:
