@@ -42,11 +42,15 @@ def head_of(vocab: int, hidden: int, seed: int) -> PrepackedLinear:
     return head
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("rows", [1, 4, 64])
-def test_exact_head_equals_the_full_argmax(rows: int) -> None:
+def test_exact_head_equals_the_full_argmax(rows: int, packed: bool) -> None:
     head = head_of(5000, 96, 0)
     exact = ExactGreedyHead.for_head(head)
-    assert exact is not None
+    assert exact is not None and exact._packed_bf16 is not None  # oneDNN packs here
+    if not packed:  # the plain bfloat16 matmul, where torch cannot pack
+        exact._packed_bf16 = None
+        exact.weight_bf16_t = head.weight.detach().bfloat16().t().contiguous()
     g = torch.Generator().manual_seed(rows)
     for scale in (0.1, 3.0, 30.0):  # flat to peaked logits: few to many candidates
         x = torch.randn(rows, 96, generator=g) * scale
