@@ -22,7 +22,7 @@ from runtime.engine import Engine
 from runtime.model import head_dim_of
 from runtime.request import Completion, GenerationRequest
 from runtime.setup import place
-from runtime.speculative.loader import read_drafter_config
+from runtime.speculative.loader import drafter_num_layers
 
 _KV_SLACK = 1.25
 
@@ -55,7 +55,7 @@ def _kv_bytes_for_batch(config: EngineConfig, workload: Workload, k: int) -> int
     target = AutoConfig.from_pretrained(config.model)
     layers = target.num_hidden_layers
     if config.drafter is not None:
-        layers += read_drafter_config(Path(config.drafter)).get("num_hidden_layers", 1)
+        layers += drafter_num_layers(Path(config.drafter))
     longest = max(len(ids) + n for ids, n in zip(workload.prompts, workload.max_tokens,
                                                             strict=True))
     blocks_per_seq = -(-(longest + 2 * k + 2) // p.block_size) + 1

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import LlamaConfig, PretrainedConfig
 
@@ -59,6 +60,8 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
         tensors = _from_speculators_eagle(tensors)
     style = _style(tensors, config, path)
     state = _rename(tensors, style)
+    if "speculators_model_type" in raw:  # its layer config may be the verifier's whole config
+        config.num_hidden_layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
     check_fit(config, state, style, target_config, path)
     aux = _aux_layer_ids(raw, style, target_config.num_hidden_layers)
     return DrafterCheckpoint(config, style, state, aux)
@@ -91,8 +94,25 @@ def read_drafter_config(path: Path) -> dict:
     flat = dict(layer)
     flat.update({k: raw[k] for k in _SPECULATORS_TOP_FIELDS if raw.get(k) is not None})
     flat["speculators_model_type"] = kind
-    flat.setdefault("num_hidden_layers", 1)
     return flat
+
+
+def drafter_num_layers(path: Path) -> int:
+    """The drafter's decoder layer count, from its weights' names where they are safetensors
+    (without reading the tensors), else from config.json."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return int(read_drafter_config(path).get("num_hidden_layers", 1))
+    layers: set[str] = set()
+    for f in files:
+        with safe_open(str(f), "pt") as handle:
+            for key in handle.keys():
+                key = key.removeprefix("model.")
+                if key.startswith(("midlayer.", "transformer.")):
+                    layers.add("0")
+                elif key.startswith("layers."):
+                    layers.add(key.split(".")[1])
+    return len(layers)
 
 
 def _from_speculators_eagle(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -14,7 +14,11 @@ from transformers import AutoConfig
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import Completion, GenerationRequest
-from runtime.speculative.loader import DrafterMismatchError, load_drafter_checkpoint
+from runtime.speculative.loader import (
+    DrafterMismatchError,
+    drafter_num_layers,
+    load_drafter_checkpoint,
+)
 from runtime.speculative.train_job import load_init_drafter
 from tests.drafter_fixtures import make_random_drafter
 
@@ -26,7 +30,8 @@ def to_speculators(plain: Path, out: Path, kind: str, **top: object) -> Path:
     """Rewrites a plain-layout drafter the way speculators saves it, with the verifier's
     embedding (and, for "eagle", LM head) copies it keeps beside the drafter."""
     raw = json.loads((plain / "config.json").read_text())
-    layer = {k: v for k, v in raw.items() if k not in EAGLE_FIELDS}
+    # speculators may keep the verifier's whole config here: its layer count is not the drafter's
+    layer = {k: v for k, v in raw.items() if k not in EAGLE_FIELDS} | {"num_hidden_layers": 30}
     config: dict[str, object] = {
         "speculators_model_type": kind, "speculators_version": "0.2.0",
         "architectures": ["Eagle3Speculator" if kind == "eagle3" else "EagleSpeculator"],
@@ -83,6 +88,7 @@ def test_speculators_layout_loads_the_same_drafter_as_the_plain_one(
     assert (b.style, b.aux_layer_ids, b.config.num_hidden_layers) == \
         (a.style, a.aux_layer_ids, a.config.num_hidden_layers)
     assert sorted(b.state_dict) == sorted(a.state_dict)  # the verifier's copies are dropped
+    assert drafter_num_layers(nested) == drafter_num_layers(plain) == 1
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
     assert not getattr(b.config, "norm_before_residual", False)
 
