@@ -57,13 +57,67 @@ _PROBE_ROWS = 4
 def lay_out_for_cpu(module: nn.Module, int8: bool = False) -> None:
     """Transposed storage for every Linear under `module` and a packed copy for each; call once
     after the weights are loaded and cast. `module.lm_head`, if any, is packed as the head.
-    int8: float32 weights get int8 panels (their products change: only for a drafter)."""
+    int8: float32 weights get int8 panels (their products change: only for a drafter).
+    Then every submodule with a `fuse_for_cpu` method (attention's q/k/v, the MLP's gate/up)
+    gets to join its products on one input into one call (FusedPanels)."""
     transpose_linear_weights(module)
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 is_head = parent is module and name == "lm_head"
                 setattr(parent, name, prepack(child, head=is_head, int8=int8))
+    for sub in list(module.modules()):
+        fuse = getattr(sub, "fuse_for_cpu", None)
+        if callable(fuse):
+            fuse()
+
+
+class FusedPanels:
+    """Products of several panel Linears on the same input in one panel_linear call: their panels
+    side by side in one tensor, whose slices become the parts' own panels (no extra memory).
+    Every output column comes from the same chain as in its own product: the same bits, with one
+    call (and one split of the work among threads) instead of several. Not an nn.Module: it holds
+    no parameters, and state_dict keeps the parts' names."""
+
+    def __init__(self, parts: list[PrepackedLinear]) -> None:
+        self.in_features = parts[0].in_features
+        self.splits = [p.out_features for p in parts]
+        self.out_features = sum(self.splits)
+        self._packed = torch.cat([p._packed for p in parts])
+        offset = 0
+        for p in parts:  # the parts read their slice of the joined panels from now on
+            count = p._packed.shape[0]
+            p._packed = self._packed[offset:offset + count]
+            offset += count
+        biases = [p.bias for p in parts]
+        self.bias = (None if biases[0] is None else
+                     torch.cat([b.detach() for b in biases if b is not None]))
+        scales = [p._scales for p in parts]
+        self._scales = (None if scales[0] is None else
+                        torch.cat([s for s in scales if s is not None]))
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = x.numel() // self.in_features
+        flat = x.reshape(n, self.in_features).contiguous()
+        out = torch.ops.eaglebatch.panel_linear(flat, self._packed, self.bias, self.out_features,
+                                                self._scales)
+        return out.split(self.splits, dim=-1)
+
+
+def fuse_panels(parts: list[nn.Module]) -> FusedPanels | None:
+    """FusedPanels of `parts` when they can share a call: all panel products of every row count
+    on the same input width, outputs in whole panels, the same panel dtype, all with or all
+    without bias and scales; else None."""
+    if not all(isinstance(p, PrepackedLinear) and p.kernel == "panel" and p.rows == PANEL_ROWS
+               and p.out_features % PANEL == 0 for p in parts):
+        return None
+    linears = [p for p in parts if isinstance(p, PrepackedLinear)]
+    first = linears[0]
+    if any(p.in_features != first.in_features or p._packed.dtype != first._packed.dtype
+           or (p.bias is None) != (first.bias is None)
+           or (p._scales is None) != (first._scales is None) for p in linears):
+        return None
+    return FusedPanels(linears)
 
 
 def transpose_linear_weights(module: nn.Module) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.attention import AttentionBackend, AttentionMetadata, make_backend
+from runtime.cpu_gemm import FusedPanels, fuse_panels
 from runtime.cpu_kernels import kernels_apply
 from runtime.rope import RotaryEmbedding
 
@@ -82,6 +83,11 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.backend: AttentionBackend = make_backend(backend_name, self.head_dim**-0.5,
                                                       sliding_window)
+        self.qkv: FusedPanels | None = None  # set by fuse_for_cpu
+
+    def fuse_for_cpu(self) -> None:
+        """q, k and v in one panel product (runtime.cpu_gemm.lay_out_for_cpu calls this)."""
+        self.qkv = fuse_panels([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(
         self,
@@ -92,9 +98,13 @@ class Attention(nn.Module):
         md: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qkv is not None and not torch.is_grad_enabled():
+            q, k, v = (t.contiguous() for t in self.qkv(x))
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:  # rows of head_dim: [n * heads, head_dim] for the row kernel
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(n, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(n, self.num_kv_heads,
@@ -112,11 +122,19 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_up: FusedPanels | None = None  # set by fuse_for_cpu
+
+    def fuse_for_cpu(self) -> None:
+        """gate and up in one panel product (runtime.cpu_gemm.lay_out_for_cpu calls this)."""
+        self.gate_up = fuse_panels([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden_size]
-        gate, up = self.gate_proj(x), self.up_proj(x)
         if torch.is_grad_enabled():  # training a drafter: autograd needs the temporaries
-            return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x)  # views of one product: silu in place, then a new tensor
+            return self.down_proj(F.silu(gate, inplace=True) * up)
+        gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 

@@ -16,6 +16,7 @@ from runtime.cpu_gemm import (
     ONEDNN_DECODER_ROWS,
     PANEL_ROWS,
     PrepackedLinear,
+    fuse_panels,
     lay_out_for_cpu,
     pack_panels,
     prepack,
@@ -216,9 +217,40 @@ def test_lay_out_keeps_state_dict_and_outputs_of_a_model() -> None:
     assert model.lm_head.weight is model.model.embed_tokens.weight
     torch.testing.assert_close(model.compute_logits(hidden), want_head, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.model.layers[0].mlp(hidden), want_mlp, rtol=1e-4, atol=1e-5)
+    assert model.model.layers[0].mlp.gate_up is not None  # 64 + 64 outputs: whole panels
+    assert model.model.layers[0].self_attn.qkv is None  # q has 32 outputs: not whole panels
+    with torch.no_grad():  # inference takes the fused product
+        torch.testing.assert_close(model.model.layers[0].mlp(hidden), want_mlp, rtol=1e-4,
+                                   atol=1e-5)
 
 
 def test_prepack_leaves_unsupported_layers_alone() -> None:
     half = nn.Linear(8, 4, bias=False).to(torch.float16)
     assert prepack(half) is half
     assert prepack(nn.Identity()).__class__ is nn.Identity
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16 panels", "int8", "bias"])
+def test_fused_panels_give_each_part_its_own_bits(kind: str) -> None:
+    torch.manual_seed(3)
+    linears = [nn.Linear(96, out, bias=kind == "bias") for out in (128, 64, 64)]
+    if kind == "bfloat16 panels":  # float32 weights holding bfloat16 values
+        for linear in linears:
+            linear.weight.data = linear.weight.data.bfloat16().float()
+    parts = [prepack(linear, int8=kind == "int8") for linear in linears]
+    x = torch.randn(37, 96)
+    alone = [part(x) for part in parts]
+    fused = fuse_panels(parts)
+    assert fused is not None and fused.splits == [128, 64, 64]
+    assert all(torch.equal(a, b) for a, b in zip(alone, fused(x), strict=True))
+    # the parts now read slices of the joined panels: no second copy, the same results
+    assert all(part._packed.data_ptr() >= fused._packed.data_ptr() for part in parts)
+    assert all(torch.equal(a, part(x)) for a, part in zip(alone, parts, strict=True))
+
+
+def test_panels_that_cannot_share_a_call_are_not_fused() -> None:
+    torch.manual_seed(4)
+    whole, ragged = prepack(nn.Linear(96, 64)), prepack(nn.Linear(96, 100))  # 100: not whole panels
+    assert fuse_panels([whole, ragged]) is None
+    assert fuse_panels([whole, prepack(nn.Linear(96, 64, bias=False))]) is None  # bias mismatch
+    assert fuse_panels([whole, nn.Linear(96, 64)]) is None  # not packed
