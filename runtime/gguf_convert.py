@@ -31,7 +31,7 @@ from transformers import (
     PretrainedConfig,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from runtime.model import SUPPORTED_MODEL_TYPES
 
 # GGUF tensor name (inside blk.N.) -> Hugging Face name (inside model.layers.N.)
 _LAYER_TENSORS = {

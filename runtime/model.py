@@ -20,6 +20,9 @@ from runtime.cpu_gemm import FusedPanels, fuse_panels
 from runtime.cpu_kernels import kernels_apply
 from runtime.rope import RotaryEmbedding
 
+# The Hugging Face model types CausalLM implements (checkpoint directories and GGUF files alike).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
 
 def head_dim_of(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

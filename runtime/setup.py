@@ -16,11 +16,10 @@ from runtime.kv.cache import allocate_kv_caches
 from runtime.kv.groups import KVCacheConfig, make_kv_cache_config, validate_same_kv_cache_group
 from runtime.kv.spec import AttentionSpec
 from runtime.loader import load_state_dict
-from runtime.model import CausalLM, head_dim_of, layer_windows
+from runtime.model import SUPPORTED_MODEL_TYPES, CausalLM, head_dim_of, layer_windows
 from runtime.rope import RotaryEmbedding
 
 CPU_DEFAULT_KV_BYTES = 1 << 30
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
