@@ -9,6 +9,13 @@
 // float32 per query, over its visible keys in order: a query's result does not depend on the other
 // queries of its tile, its sequence's chunking, or the other sequences in the batch.
 //
+// Speed: a tile's scores come 16 keys at a time (dot16: 16 FMA chains, then one transposed
+// reduction in the same pairwise order as dot(), so the same bits), while the next 16 keys' rows
+// are fetched; the weighted sum of values keeps each query's output in registers. For one query
+// per sequence this reads the cache about as fast as the per-key loop it replaced (batch 64,
+// 110 cached tokens, 30 layers: bound by memory); for 2-16 queries (draft verification, the
+// drafter's first step) it is ~25% faster, and a batch-16 run with k = 2 drafts ~5%.
+//
 // float32, bfloat16 and float16 tensors (query, cache and output of one dtype): 16-bit values are
 // widened to float32 as they are read (exact) and the result rounded once when stored, so a
 // 16-bit run gives the float32 kernel's result on the widened inputs, rounded.
@@ -35,7 +42,6 @@
 namespace {
 
 constexpr int kLanes = 16;
-constexpr int64_t kAhead = 4;  // tokens prefetched ahead
 constexpr int64_t kTile = 16;  // query tokens per work item
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -137,6 +143,98 @@ inline void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
 }
 
+#ifdef __AVX512F__
+// Lanes l and l + w of each 2w-lane group of a and of b, for w = 8, 4, 2, 1: the index vectors
+// of one level of the transposed reduction in dot16().
+template <int W>
+inline __m512i half_lanes(int second) {
+  alignas(64) int32_t idx[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    const int source = l < kLanes / 2 ? 0 : kLanes;  // a's lanes first, then b's
+    const int m = l % (kLanes / 2);
+    idx[l] = source + (m / W) * 2 * W + m % W + second * W;
+  }
+  return _mm512_load_si512(idx);
+}
+
+// The sums of 16 vectors' lanes, one per lane of the result: level by level, lane l of each
+// vector is added to lane l + 8, then l + 4, l + 2 and l + 1, the tree _mm512_reduce_add_ps and
+// dot() use, so lane m is the bits dot() gives for vector m.
+template <int W>
+inline void reduce_level(__m512* v, int count) {
+  static const __m512i first = half_lanes<W>(0), second = half_lanes<W>(1);
+  for (int m = 0; m < count / 2; ++m)
+    v[m] = _mm512_add_ps(_mm512_permutex2var_ps(v[2 * m], first, v[2 * m + 1]),
+                         _mm512_permutex2var_ps(v[2 * m], second, v[2 * m + 1]));
+}
+
+// dot(q, rows[m] + offset, dim) for 16 rows at once (dim a multiple of 16), in lane m.
+inline __m512 dot16(const float* q, const float* const* rows, int64_t offset, int64_t dim) {
+  __m512 acc[kLanes];
+  for (int m = 0; m < kLanes; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    const __m512 qd = _mm512_loadu_ps(q + d);
+    for (int m = 0; m < kLanes; ++m)
+      acc[m] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(rows[m] + offset + d), acc[m]);
+  }
+  reduce_level<8>(acc, 16);
+  reduce_level<4>(acc, 8);
+  reduce_level<2>(acc, 4);
+  reduce_level<1>(acc, 2);
+  return acc[0];
+}
+#endif
+
+// out[j] = dot(q, rows[j] + offset, dim) * scale for the n <= 16 keys of one chunk; `zeros`: a
+// row of dim zeros that pads a short chunk.
+inline void chunk_scores(const float* q, const float* const* rows, int64_t offset, int64_t n,
+                         int64_t dim, float scale, const float* zeros, float* out) {
+#ifdef __AVX512F__
+  if (dim % kLanes == 0) {
+    const float* padded[kLanes];
+    for (int m = 0; m < kLanes; ++m) padded[m] = m < n ? rows[m] + offset : zeros;
+    const __m512 s = _mm512_mul_ps(dot16(q, padded, 0, dim), _mm512_set1_ps(scale));
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), s);
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = dot(q, rows[j] + offset, dim) * scale;
+}
+
+#ifdef __AVX512F__
+// axpy() over keys [j0, j1) with the output held in registers: the same products and sums, in
+// the same order, per output value.
+template <int Chunks>
+inline void weighted_sum_regs(const float* p, const float* const* rows, int64_t offset,
+                              int64_t j0, int64_t j1, float* out) {
+  __m512 acc[Chunks];
+  for (int c = 0; c < Chunks; ++c) acc[c] = _mm512_loadu_ps(out + c * kLanes);
+  for (int64_t j = j0; j < j1; ++j) {
+    if (p[j] == 0.f) continue;
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    const float* v = rows[j] + offset;
+    for (int c = 0; c < Chunks; ++c)
+      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pj, _mm512_loadu_ps(v + c * kLanes)));
+  }
+  for (int c = 0; c < Chunks; ++c) _mm512_storeu_ps(out + c * kLanes, acc[c]);
+}
+#endif
+
+// out += p[j] * (rows[j] + offset) for the keys j in [j0, j1) with p[j] != 0, in order.
+inline void weighted_sum(const float* p, const float* const* rows, int64_t offset, int64_t j0,
+                         int64_t j1, int64_t dim, float* out) {
+#ifdef __AVX512F__
+  switch (dim) {
+    case 32: return weighted_sum_regs<2>(p, rows, offset, j0, j1, out);
+    case 64: return weighted_sum_regs<4>(p, rows, offset, j0, j1, out);
+    case 128: return weighted_sum_regs<8>(p, rows, offset, j0, j1, out);
+    default: break;
+  }
+#endif
+  for (int64_t j = j0; j < j1; ++j)
+    if (p[j] != 0.f) axpy(p[j], rows[j] + offset, out, dim);
+}
+
 template <typename T>
 void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
                      const at::Tensor& kv_cache,     // [2, blocks, block_size, kv_heads, dim]
@@ -167,7 +265,6 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
   const int32_t* tables = block_table.data_ptr<int32_t>();
   const float fscale = static_cast<float>(scale);
   const int64_t token_stride = kv_heads * dim;  // between consecutive slots of the cache
-  const int64_t row_bytes = token_stride * static_cast<int64_t>(sizeof(T));
 
   // Work items: (sequence, tile of up to kTile query tokens). A tile reads the keys its queries
   // see; a cached token's K (and V) for all KV heads is one contiguous run of kv_heads * dim
@@ -177,7 +274,9 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
   for (int64_t r = 0; r < rows.size(0); ++r)
     for (int64_t t = 0; t < q_lens[row_ids[r]]; t += kTile) items.emplace_back(row_ids[r], t);
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc, q_wide, kv_wide(token_stride);
+    std::vector<float> scores, acc, q_wide, k_wide, v_wide;
+    std::vector<const float*> k_rows, v_rows;
+    const std::vector<float> zeros(dim, 0.f);
     for (int64_t item = begin; item < end; ++item) {
       const auto [s, t0] = items[item];
       const int64_t kv_len = kv_lens[s], q0 = starts[s];
@@ -198,18 +297,44 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       auto slot_of = [&](int64_t j) {
         return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
       };
+      // Each key's and value's row (all KV heads) as float32: in the cache itself for float32,
+      // widened into scratch for 16-bit caches.
+      k_rows.resize(span);
+      v_rows.resize(span);
+      if constexpr (!std::is_same_v<T, float>) {
+        k_wide.resize(span * token_stride);
+        v_wide.resize(span * token_stride);
+      }
       for (int64_t j = lo; j < hi; ++j) {
-        if (j + kAhead < hi)
-          prefetch_row(k_base + slot_of(j + kAhead) * token_stride, row_bytes);
-        const float* k = as_floats(k_base + slot_of(j) * token_stride, token_stride,
-                                   kv_wide.data());
-        for (int64_t i = t0; i < t1; ++i) {
-          if (j > first_pos + i || j < first_key(i)) continue;
-          for (int64_t h = 0; h < heads; ++h) {
-            const int64_t a = (i - t0) * heads + h;
-            scores[a * span + (j - lo)] =
-                dot(q_tile + a * dim, k + (h / group) * dim, dim) * fscale;
+        const int64_t slot = slot_of(j), r = j - lo;
+        float* k_scratch = k_wide.empty() ? nullptr : k_wide.data() + r * token_stride;
+        float* v_scratch = v_wide.empty() ? nullptr : v_wide.data() + r * token_stride;
+        k_rows[r] = as_floats(k_base + slot * token_stride, token_stride, k_scratch);
+        v_rows[r] = as_floats(v_base + slot * token_stride, token_stride, v_scratch);
+        if (r < kLanes) {
+          prefetch_row(k_rows[r], token_stride * 4);
+          prefetch_row(v_rows[r], token_stride * 4);
+        }
+      }
+      // Scores of every query vector against every key of the tile's span (those a query does
+      // not see are overwritten with 0 by the softmax below), 16 keys at a time; meanwhile the
+      // next 16 keys' K and V rows are fetched (blocks are scattered, and hardware prefetchers
+      // do not follow a sequence from one block to the next).
+      const int64_t row_lines = (token_stride * 4 + 63) / 64;  // cache lines of a row
+      for (int64_t c0 = 0; c0 < span; c0 += kLanes) {
+        // the next chunk's K and V lines, fetched a share at a time between the query vectors
+        const int64_t next = std::max<int64_t>(0, std::min(span, c0 + 2 * kLanes) - c0 - kLanes);
+        const int64_t lines = 2 * row_lines * next;
+        const int64_t n = std::min<int64_t>(kLanes, span - c0);
+        for (int64_t a = 0; a < nq; ++a) {
+          for (int64_t l = lines * a / nq; l < lines * (a + 1) / nq; ++l) {
+            const int64_t r = c0 + kLanes + l / (2 * row_lines), part = l % (2 * row_lines);
+            const float* row = part < row_lines ? k_rows[r] : v_rows[r];
+            __builtin_prefetch(row + 16 * (part % row_lines), 0, 2);
           }
+          const int64_t offset = ((a % heads) / group) * dim;  // this head's KV head in a row
+          chunk_scores(q_tile + a * dim, k_rows.data() + c0, offset, n, dim, fscale,
+                       zeros.data(), scores.data() + a * span + c0);
         }
       }
       for (int64_t a = 0; a < nq; ++a) {  // softmax over the visible keys; the rest become 0
@@ -222,16 +347,8 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
         for (int64_t j = v0; j < v1; ++j) row[j] *= inv;
         for (int64_t j = 0; j < v0; ++j) row[j] = 0.f;
         for (int64_t j = v1; j < span; ++j) row[j] = 0.f;
-      }
-      for (int64_t j = lo; j < hi; ++j) {
-        if (j + kAhead < hi)
-          prefetch_row(v_base + slot_of(j + kAhead) * token_stride, row_bytes);
-        const float* v = as_floats(v_base + slot_of(j) * token_stride, token_stride,
-                                   kv_wide.data());
-        for (int64_t a = 0; a < nq; ++a) {
-          const float p = scores[a * span + (j - lo)];
-          if (p != 0.f) axpy(p, v + ((a % heads) / group) * dim, acc.data() + a * dim, dim);
-        }
+        const int64_t offset = ((a % heads) / group) * dim;
+        weighted_sum(row, v_rows.data(), offset, v0, v1, dim, acc.data() + a * dim);
       }
       T* o_tile = o_base + (q0 + t0) * heads * dim;
       for (int64_t e = 0; e < nq * dim; ++e) o_tile[e] = static_cast<T>(acc[e]);  // one rounding
