@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from pipeline.bench import markdown as md
 from pipeline.bench.aggregate import acceptance_by_k, best_k, ratio, speedup_vs_k0, summarize
 from pipeline.bench.config import BenchConfig, parse_int_list
 from pipeline.bench.metrics import Agreement, RunRecord, bench_row, percentile
+from pipeline.bench.runner import cpu_description
 from pipeline.config import JobError
 
 
@@ -99,3 +102,15 @@ def test_options_are_checked() -> None:
         BenchConfig("p.parquet", "out", batch_sizes=(4, 4))
     assert BenchConfig("p", "o", model="random:llama-3-8b").random_preset == "llama-3-8b"
     assert BenchConfig("p", "o", ks=(0, 1, 3)).speculative_ks == (1, 3)
+
+
+def test_cpu_description_names_the_model_and_the_features_that_set_the_speed() -> None:
+    cores = f"{platform.machine()}, {os.cpu_count()} cores"
+    xeon = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+            "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
+            "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n")
+    assert cpu_description(xeon) == (f"cpu: Intel(R) Xeon(R) Platinum 8480+ ({cores}, AVX-512, "
+                                     "AVX-512 bfloat16, AMX)")
+    epyc = "model name : AMD EPYC\nflags : avx2 fma\n"
+    assert cpu_description(epyc) == f"cpu: AMD EPYC ({cores})"
+    assert cpu_description("") == f"cpu ({cores})"
