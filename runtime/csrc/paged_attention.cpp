@@ -9,12 +9,16 @@
 // float32 per query, over its visible keys in order: a query's result does not depend on the other
 // queries of its tile, its sequence's chunking, or the other sequences in the batch.
 //
-// Speed: a tile's scores come 16 keys at a time (dot16: 16 FMA chains, then one transposed
-// reduction in the same pairwise order as dot(), so the same bits), while the next 16 keys' rows
-// are fetched; the weighted sum of values keeps each query's output in registers. For one query
-// per sequence this reads the cache about as fast as the per-key loop it replaced (batch 64,
-// 110 cached tokens, 30 layers: bound by memory); for 2-16 queries (draft verification, the
-// drafter's first step) it is ~25% faster, and a batch-16 run with k = 2 drafts ~5%.
+// Speed: a tile whose K and V fit in L2 gets its scores 16 keys at a time (dot16: 16 FMA chains,
+// then one transposed reduction in the same pairwise order as dot(), so the same bits) while the
+// next 16 keys' rows are fetched, and its values per KV head with the outputs of all that head's
+// query vectors in registers (each value row read once for them). A longer span streams K, then
+// V, from memory key by key. With few tiles (small batches) each KV head is a work item of its
+// own, so both cores work. All paths give the same bits (checked against the previous kernel on
+// float32 / bfloat16 / float16, head sizes 8-128, GQA groups, windows, 1-2000 cached tokens).
+// Measured on 2 threads, 30 layers: one query per sequence as fast as before (batch 64 at 110
+// cached tokens: bound by memory); 3 queries (draft verification) at batch 16 ~15% and at
+// batch 1 ~40% faster.
 //
 // float32, bfloat16 and float16 tensors (query, cache and output of one dtype): 16-bit values are
 // widened to float32 as they are read (exact) and the result rounded once when stored, so a
@@ -43,6 +47,10 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int64_t kTile = 16;  // query tokens per work item
+constexpr int64_t kFetchAhead = 4;  // value rows fetched ahead on a long span
+// A tile's K and V up to this many bytes (they stay in L2) are read 16 keys at a time, for
+// all query vectors; a longer span streams from memory key by key (K, then V).
+constexpr int64_t kFetchBothBytes = 512 * 1024;
 
 inline float dot(const float* a, const float* b, int64_t n) {
 #ifdef __AVX512F__
@@ -202,37 +210,66 @@ inline void chunk_scores(const float* q, const float* const* rows, int64_t offse
 }
 
 #ifdef __AVX512F__
-// axpy() over keys [j0, j1) with the output held in registers: the same products and sums, in
-// the same order, per output value.
-template <int Chunks>
-inline void weighted_sum_regs(const float* p, const float* const* rows, int64_t offset,
-                              int64_t j0, int64_t j1, float* out) {
-  __m512 acc[Chunks];
-  for (int c = 0; c < Chunks; ++c) acc[c] = _mm512_loadu_ps(out + c * kLanes);
+// For Count query vectors at once: out[m] += p[m][j] * (rows[j] + offset) for the keys j in
+// [j0, j1) where p[m][j] != 0, in order of j: axpy()'s products and sums for each output value
+// (a masked add skips a zero weight as axpy()'s caller does), with the outputs in registers and
+// each value row read once for all Count vectors (rows in cache).
+template <int Chunks, int Count>
+void weighted_sums(const float* const* p, const float* const* rows, int64_t offset, int64_t j0,
+                   int64_t j1, float* const* out) {
+  __m512 acc[Count][Chunks];
+  for (int m = 0; m < Count; ++m)
+    for (int c = 0; c < Chunks; ++c) acc[m][c] = _mm512_loadu_ps(out[m] + c * kLanes);
   for (int64_t j = j0; j < j1; ++j) {
-    if (p[j] == 0.f) continue;
-    const __m512 pj = _mm512_set1_ps(p[j]);
     const float* v = rows[j] + offset;
-    for (int c = 0; c < Chunks; ++c)
-      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pj, _mm512_loadu_ps(v + c * kLanes)));
+    __m512 vc[Chunks];
+    for (int c = 0; c < Chunks; ++c) vc[c] = _mm512_loadu_ps(v + c * kLanes);
+    for (int m = 0; m < Count; ++m) {
+      const float pj = p[m][j];
+      const __mmask16 keep = pj != 0.f ? 0xFFFF : 0;
+      const __m512 w = _mm512_set1_ps(pj);
+      for (int c = 0; c < Chunks; ++c)
+        acc[m][c] = _mm512_mask_add_ps(acc[m][c], keep, acc[m][c], _mm512_mul_ps(w, vc[c]));
+    }
   }
-  for (int c = 0; c < Chunks; ++c) _mm512_storeu_ps(out + c * kLanes, acc[c]);
+  for (int m = 0; m < Count; ++m)
+    for (int c = 0; c < Chunks; ++c) _mm512_storeu_ps(out[m] + c * kLanes, acc[m][c]);
+}
+
+// weighted_sums for n <= 6 vectors (n <= 3 at 8 chunks: 24 accumulators at most).
+template <int Chunks>
+void weighted_sums_n(int64_t n, const float* const* p, const float* const* rows, int64_t offset,
+                     int64_t j0, int64_t j1, float* const* out) {
+  switch (n) {
+    case 1: return weighted_sums<Chunks, 1>(p, rows, offset, j0, j1, out);
+    case 2: return weighted_sums<Chunks, 2>(p, rows, offset, j0, j1, out);
+    case 3: return weighted_sums<Chunks, 3>(p, rows, offset, j0, j1, out);
+    case 4: return weighted_sums<Chunks, (Chunks > 4 ? 1 : 4)>(p, rows, offset, j0, j1, out);
+    case 5: return weighted_sums<Chunks, (Chunks > 4 ? 1 : 5)>(p, rows, offset, j0, j1, out);
+    default: return weighted_sums<Chunks, (Chunks > 4 ? 1 : 6)>(p, rows, offset, j0, j1, out);
+  }
 }
 #endif
 
-// out += p[j] * (rows[j] + offset) for the keys j in [j0, j1) with p[j] != 0, in order.
-inline void weighted_sum(const float* p, const float* const* rows, int64_t offset, int64_t j0,
-                         int64_t j1, int64_t dim, float* out) {
+// out[m] += p[m][j] * (rows[j] + offset) for m < n and the keys j in [j0, j1) with
+// p[m][j] != 0, in order of j (rows outside a vector's visible keys hold 0 in its p).
+inline void weighted_sum(int64_t n, const float* const* p, const float* const* rows,
+                         int64_t offset, int64_t j0, int64_t j1, int64_t dim, float* const* out) {
 #ifdef __AVX512F__
-  switch (dim) {
-    case 32: return weighted_sum_regs<2>(p, rows, offset, j0, j1, out);
-    case 64: return weighted_sum_regs<4>(p, rows, offset, j0, j1, out);
-    case 128: return weighted_sum_regs<8>(p, rows, offset, j0, j1, out);
-    default: break;
+  const int64_t most = dim == 128 ? 3 : 6;
+  if (dim == 32 || dim == 64 || dim == 128) {
+    for (int64_t m = 0; m < n; m += most) {
+      const int64_t count = std::min(most, n - m);
+      if (dim == 32) weighted_sums_n<2>(count, p + m, rows, offset, j0, j1, out + m);
+      if (dim == 64) weighted_sums_n<4>(count, p + m, rows, offset, j0, j1, out + m);
+      if (dim == 128) weighted_sums_n<8>(count, p + m, rows, offset, j0, j1, out + m);
+    }
+    return;
   }
 #endif
-  for (int64_t j = j0; j < j1; ++j)
-    if (p[j] != 0.f) axpy(p[j], rows[j] + offset, out, dim);
+  for (int64_t m = 0; m < n; ++m)
+    for (int64_t j = j0; j < j1; ++j)
+      if (p[m][j] != 0.f) axpy(p[m][j], rows[j] + offset, out[m], dim);
 }
 
 template <typename T>
@@ -266,19 +303,38 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
   const float fscale = static_cast<float>(scale);
   const int64_t token_stride = kv_heads * dim;  // between consecutive slots of the cache
 
-  // Work items: (sequence, tile of up to kTile query tokens). A tile reads the keys its queries
-  // see; a cached token's K (and V) for all KV heads is one contiguous run of kv_heads * dim
-  // floats, so each block is read front to back once per tile. A query's arithmetic (its visible
-  // keys, in order) does not depend on the tile, so neither on how a prompt was cut into chunks.
-  std::vector<std::pair<int64_t, int64_t>> items;  // (sequence, first query token of the tile)
+  // Work items: (sequence, tile of up to kTile query tokens, range of KV heads). A tile reads the
+  // keys its queries see; a cached token's K (and V) for all KV heads is one contiguous run of
+  // kv_heads * dim floats, so each block is read front to back once per tile. With fewer tiles
+  // than a few per thread (small batches, long contexts) each KV head is an item of its own, so
+  // every thread has work. A query's arithmetic (its visible keys, in order) depends neither on
+  // the tile nor on the split, so neither on how a prompt was cut into chunks.
+  struct Item {
+    int64_t seq, t0, g0, g1;  // sequence, first query token of the tile, KV heads [g0, g1)
+  };
+  std::vector<Item> items;
   for (int64_t r = 0; r < rows.size(0); ++r)
-    for (int64_t t = 0; t < q_lens[row_ids[r]]; t += kTile) items.emplace_back(row_ids[r], t);
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = 0; t < q_lens[row_ids[r]]; t += kTile) items.push_back({row_ids[r], t, 0, 0});
+  const bool few = static_cast<int64_t>(items.size()) < 4 * at::get_num_threads();
+  std::vector<Item> work;
+  for (const Item& it : items) {
+    // keys the tile reads (as in the loop below); a span too long to stay in L2 is not split:
+    // its K and V stream from memory best front to back, all KV heads of a row at once
+    const int64_t first_pos = kv_lens[it.seq] - q_lens[it.seq];
+    const int64_t hi = first_pos + std::min(q_lens[it.seq], it.t0 + kTile);
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos + it.t0 - window + 1) : 0;
+    const bool split = few && 2 * (hi - lo) * dim * 4 <= kFetchBothBytes;
+    for (int64_t g = 0; g < kv_heads; g += split ? 1 : kv_heads)
+      work.push_back({it.seq, it.t0, g, split ? g + 1 : kv_heads});
+  }
+  at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc, q_wide, k_wide, v_wide;
-    std::vector<const float*> k_rows, v_rows;
+    std::vector<const float*> k_rows, v_rows, weights, q_ptrs;
+    std::vector<int64_t> kv_offsets;
+    std::vector<float*> outs;
     const std::vector<float> zeros(dim, 0.f);
-    for (int64_t item = begin; item < end; ++item) {
-      const auto [s, t0] = items[item];
+    for (int64_t w = begin; w < end; ++w) {
+      const auto [s, t0, g0, g1] = work[w];
       const int64_t kv_len = kv_lens[s], q0 = starts[s];
       const int64_t t1 = std::min(q_lens[s], t0 + kTile), tile_len = t1 - t0;
       const int64_t first_pos = kv_len - q_lens[s];  // position of the sequence's query 0
@@ -288,57 +344,72 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       };
       const int64_t lo = first_key(t0), hi = first_pos + t1;  // keys [lo, hi) of the tile
       const int64_t span = hi - lo;
-      const int64_t nq = tile_len * heads;  // query vector a = (i - t0) * heads + h
+      // The item's query heads [h0, h0 + hq); query vector a = (i - t0) * hq + (h - h0).
+      const int64_t h0 = g0 * group, hq = (g1 - g0) * group, nq = tile_len * hq;
+      const int64_t part = (g1 - g0) * dim;  // floats of a cached row that the item reads
       scores.resize(nq * span);
       acc.assign(nq * dim, 0.f);
       const int32_t* table = tables + s * table_width;
-      q_wide.resize(nq * dim);
-      const float* q_tile = as_floats(q_base + (q0 + t0) * heads * dim, nq * dim, q_wide.data());
+      q_wide.resize(tile_len * heads * dim);
+      const float* q_tile = as_floats(q_base + (q0 + t0) * heads * dim, tile_len * heads * dim,
+                                      q_wide.data());
+      // per query vector: its query, and where its KV head sits in the item's part of a row
+      q_ptrs.resize(nq);
+      kv_offsets.resize(nq);
+      for (int64_t a = 0; a < nq; ++a) {
+        q_ptrs[a] = q_tile + ((a / hq) * heads + h0 + a % hq) * dim;
+        kv_offsets[a] = ((h0 + a % hq) / group - g0) * dim;
+      }
       auto slot_of = [&](int64_t j) {
         return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
       };
-      // Each key's and value's row (all KV heads) as float32: in the cache itself for float32,
+      // Each key's and value's KV heads [g0, g1) as float32: in the cache itself for float32,
       // widened into scratch for 16-bit caches.
       k_rows.resize(span);
       v_rows.resize(span);
       if constexpr (!std::is_same_v<T, float>) {
-        k_wide.resize(span * token_stride);
-        v_wide.resize(span * token_stride);
+        k_wide.resize(span * part);
+        v_wide.resize(span * part);
       }
       for (int64_t j = lo; j < hi; ++j) {
-        const int64_t slot = slot_of(j), r = j - lo;
-        float* k_scratch = k_wide.empty() ? nullptr : k_wide.data() + r * token_stride;
-        float* v_scratch = v_wide.empty() ? nullptr : v_wide.data() + r * token_stride;
-        k_rows[r] = as_floats(k_base + slot * token_stride, token_stride, k_scratch);
-        v_rows[r] = as_floats(v_base + slot * token_stride, token_stride, v_scratch);
-        if (r < kLanes) {
-          prefetch_row(k_rows[r], token_stride * 4);
-          prefetch_row(v_rows[r], token_stride * 4);
-        }
+        const int64_t at = slot_of(j) * token_stride + g0 * dim, r = j - lo;
+        k_rows[r] = as_floats(k_base + at, part, k_wide.empty() ? nullptr : &k_wide[r * part]);
+        v_rows[r] = as_floats(v_base + at, part, v_wide.empty() ? nullptr : &v_wide[r * part]);
+        if (r < std::min<int64_t>(kLanes, kFetchAhead)) prefetch_row(k_rows[r], part * 4);
       }
       // Scores of every query vector against every key of the tile's span (those a query does
-      // not see are overwritten with 0 by the softmax below), 16 keys at a time; meanwhile the
-      // next 16 keys' K and V rows are fetched (blocks are scattered, and hardware prefetchers
-      // do not follow a sequence from one block to the next).
-      const int64_t row_lines = (token_stride * 4 + 63) / 64;  // cache lines of a row
-      for (int64_t c0 = 0; c0 < span; c0 += kLanes) {
-        // the next chunk's K and V lines, fetched a share at a time between the query vectors
-        const int64_t next = std::max<int64_t>(0, std::min(span, c0 + 2 * kLanes) - c0 - kLanes);
-        const int64_t lines = 2 * row_lines * next;
-        const int64_t n = std::min<int64_t>(kLanes, span - c0);
-        for (int64_t a = 0; a < nq; ++a) {
-          for (int64_t l = lines * a / nq; l < lines * (a + 1) / nq; ++l) {
-            const int64_t r = c0 + kLanes + l / (2 * row_lines), part = l % (2 * row_lines);
-            const float* row = part < row_lines ? k_rows[r] : v_rows[r];
-            __builtin_prefetch(row + 16 * (part % row_lines), 0, 2);
+      // not see are overwritten with 0 by the softmax below).
+      const bool both = 2 * span * part * 4 <= kFetchBothBytes;  // K and V stay in L2
+      if (both) {
+        // 16 keys at a time; meanwhile the next 16 keys' K and V rows are fetched (blocks are
+        // scattered, and hardware prefetchers do not follow a sequence from one block to the
+        // next), a share of their lines between the query vectors.
+        const int64_t row_lines = (part * 4 + 63) / 64;  // cache lines of a row's part
+        for (int64_t c0 = 0; c0 < span; c0 += kLanes) {
+          const int64_t next =
+              std::max<int64_t>(0, std::min(span, c0 + 2 * kLanes) - c0 - kLanes);
+          const int64_t lines = 2 * row_lines * next;
+          const int64_t n = std::min<int64_t>(kLanes, span - c0);
+          for (int64_t a = 0; a < nq; ++a) {
+            for (int64_t l = lines * a / nq; l < lines * (a + 1) / nq; ++l) {
+              const int64_t r = c0 + kLanes + l / (2 * row_lines), line = l % (2 * row_lines);
+              const float* row = line < row_lines ? k_rows[r] : v_rows[r];
+              __builtin_prefetch(row + 16 * (line % row_lines), 0, 2);
+            }
+            chunk_scores(q_ptrs[a], k_rows.data() + c0, kv_offsets[a], n, dim, fscale,
+                         zeros.data(), scores.data() + a * span + c0);
           }
-          const int64_t offset = ((a % heads) / group) * dim;  // this head's KV head in a row
-          chunk_scores(q_tile + a * dim, k_rows.data() + c0, offset, n, dim, fscale,
-                       zeros.data(), scores.data() + a * span + c0);
+        }
+      } else {
+        // A long span streams from memory: key by key, each row fetched a few keys ahead.
+        for (int64_t j = 0; j < span; ++j) {
+          if (j + kFetchAhead < span) prefetch_row(k_rows[j + kFetchAhead], part * 4);
+          for (int64_t a = 0; a < nq; ++a)
+            scores[a * span + j] = dot(q_ptrs[a], k_rows[j] + kv_offsets[a], dim) * fscale;
         }
       }
       for (int64_t a = 0; a < nq; ++a) {  // softmax over the visible keys; the rest become 0
-        const int64_t i = t0 + a / heads;
+        const int64_t i = t0 + a / hq;
         float* row = scores.data() + a * span;
         const int64_t v0 = first_key(i) - lo, v1 = first_pos + i + 1 - lo;  // [v0, v1)
         const float peak = lane_max(row + v0, v1 - v0);
@@ -347,11 +418,36 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
         for (int64_t j = v0; j < v1; ++j) row[j] *= inv;
         for (int64_t j = 0; j < v0; ++j) row[j] = 0.f;
         for (int64_t j = v1; j < span; ++j) row[j] = 0.f;
-        const int64_t offset = ((a % heads) / group) * dim;
-        weighted_sum(row, v_rows.data(), offset, v0, v1, dim, acc.data() + a * dim);
       }
-      T* o_tile = o_base + (q0 + t0) * heads * dim;
-      for (int64_t e = 0; e < nq * dim; ++e) o_tile[e] = static_cast<T>(acc[e]);  // one rounding
+      if (both) {
+        // Values in cache: per KV head, its query vectors (every query token, every head of its
+        // group) together, so each value row is read once for all of them.
+        for (int64_t g = g0; g < g1; ++g) {
+          weights.clear();
+          outs.clear();
+          for (int64_t a = 0; a < nq; ++a) {
+            if ((h0 + a % hq) / group != g) continue;
+            weights.push_back(scores.data() + a * span);
+            outs.push_back(acc.data() + a * dim);
+          }
+          weighted_sum(static_cast<int64_t>(weights.size()), weights.data(), v_rows.data(),
+                       (g - g0) * dim, 0, span, dim, outs.data());
+        }
+      } else {
+        // A long span: the values stream from memory once, front to back, each row (all the
+        // item's KV heads) fetched a few keys ahead and used by every query vector.
+        for (int64_t j = 0; j < span; ++j) {
+          if (j + kFetchAhead < span) prefetch_row(v_rows[j + kFetchAhead], part * 4);
+          for (int64_t a = 0; a < nq; ++a) {
+            const float pj = scores[a * span + j];
+            if (pj != 0.f) axpy(pj, v_rows[j] + kv_offsets[a], acc.data() + a * dim, dim);
+          }
+        }
+      }
+      for (int64_t a = 0; a < nq; ++a) {  // one rounding per output value
+        T* o = o_base + ((q0 + t0 + a / hq) * heads + h0 + a % hq) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[a * dim + d]);
+      }
     }
   });
 }
