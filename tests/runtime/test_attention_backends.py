@@ -67,6 +67,26 @@ def test_cpu_kernel_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
     assert torch.equal(together[4:], alone)
 
 
+def test_cpu_kernel_paths_give_the_same_bits() -> None:
+    """The kernel takes a different path by batch and span (a few tiles: one work item per KV
+    head, 16 keys at a time while K and V stay in L2; many tiles over a long span: every KV
+    head at once, key by key); a request verifying 3 drafts over 400 cached tokens gets the
+    same bits alone and next to 7 others."""
+    query, key, value, cache, md = _inputs(9, 3, 64, [3] + [1] * 7, [400] + [20] * 7)
+    backend = CpuAttentionBackend(64**-0.5)
+    alone_md = build_attention_metadata([3], [400], [md.block_table[0].tolist()],
+                                        md.slot_mapping[:3].tolist(), torch.device("cpu"))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # "a few tiles" is counted per thread
+        together = backend.forward(query, key, value, cache.clone(), md)
+        alone = backend.forward(query[:3], key[:3], value[:3], cache.clone(), alone_md)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together[:3], alone)
+    assert not torch.equal(together[:3], together[3:6])  # not trivially equal
+
+
 def test_cpu_kernel_gives_the_same_bits_on_any_number_of_threads() -> None:
     query, key, value, cache, md = _inputs(9, 3, 64, QUERY_LENS, SEQ_LENS)
     backend = CpuAttentionBackend(64**-0.5)
