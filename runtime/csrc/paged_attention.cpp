@@ -2,12 +2,13 @@
 // and V. Registered as torch.ops.eaglebatch.paged_attention; the cpu backend sends it decode and
 // draft-verification rows (up to 16 queries), where it beats a gather + SDPA.
 //
-// Work item = (sequence, tile of up to 16 query tokens) with all query heads; query head h reads KV
-// head h / (heads / kv_heads) (GQA). Query i of a sequence with q_len queries and kv_len cached
-// tokens sits at position kv_len - q_len + i and sees keys 0..position (and, with a sliding window
-// W, only keys > position - W). Scores, softmax and the weighted sum of values are computed in
-// float32 per query, over its visible keys in order: a query's result does not depend on the other
-// queries of its tile, its sequence's chunking, or the other sequences in the batch.
+// Work item = (sequence, tile of up to 16 query tokens) with all query heads (or, in small
+// batches, the query heads of one KV head); query head h reads KV head h / (heads / kv_heads)
+// (GQA). Query i of a sequence with q_len queries and kv_len cached tokens sits at position
+// kv_len - q_len + i and sees keys 0..position (and, with a sliding window W, only keys >
+// position - W). Scores, softmax and the weighted sum of values are computed in float32 per
+// query, over its visible keys in order: a query's result does not depend on the other queries
+// of its tile, its sequence's chunking, or the other sequences in the batch.
 //
 // Speed: a tile whose K and V fit in L2 gets its scores 16 keys at a time (dot16: 16 FMA chains,
 // then one transposed reduction in the same pairwise order as dot(), so the same bits) while the
@@ -47,7 +48,7 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int64_t kTile = 16;  // query tokens per work item
-constexpr int64_t kFetchAhead = 4;  // value rows fetched ahead on a long span
+constexpr int64_t kFetchAhead = 4;  // K and V rows fetched ahead on a long span
 // A tile's K and V up to this many bytes (they stay in L2) are read 16 keys at a time, for
 // all query vectors; a longer span streams from memory key by key (K, then V).
 constexpr int64_t kFetchBothBytes = 512 * 1024;
@@ -236,7 +237,8 @@ void weighted_sums(const float* const* p, const float* const* rows, int64_t offs
     for (int c = 0; c < Chunks; ++c) _mm512_storeu_ps(out[m] + c * kLanes, acc[m][c]);
 }
 
-// weighted_sums for n <= 6 vectors (n <= 3 at 8 chunks: 24 accumulators at most).
+// weighted_sums for n <= 6 vectors (n <= 3 at 8 chunks: 24 accumulators at most; the
+// 8-chunk cases of 4 to 6 vectors are never called and only instantiated with Count 1).
 template <int Chunks>
 void weighted_sums_n(int64_t n, const float* const* p, const float* const* rows, int64_t offset,
                      int64_t j0, int64_t j1, float* const* out) {
