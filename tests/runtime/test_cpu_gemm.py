@@ -215,6 +215,9 @@ def test_lay_out_keeps_state_dict_and_outputs_of_a_model() -> None:
     assert isinstance(up_proj, PrepackedLinear)
     assert (up_proj.kernel, up_proj.rows) == ("panel", PANEL_ROWS)
     assert model.lm_head.weight is model.model.embed_tokens.weight
+    # the tied weight keeps its rows (embedding lookups read one), untied Linears are transposed
+    assert model.model.embed_tokens.weight.is_contiguous()
+    assert not up_proj.weight.is_contiguous() and up_proj.weight.t().is_contiguous()
     torch.testing.assert_close(model.compute_logits(hidden), want_head, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.model.layers[0].mlp(hidden), want_mlp, rtol=1e-4, atol=1e-5)
     assert model.model.layers[0].mlp.gate_up is not None  # 64 + 64 outputs: whole panels
