@@ -53,6 +53,11 @@ constexpr int64_t kFetchAhead = 4;  // K and V rows fetched ahead on a long span
 // all query vectors; a longer span streams from memory key by key (K, then V).
 constexpr int64_t kFetchBothBytes = 512 * 1024;
 
+// Whether the K and V of `keys` keys, `row_floats` floats of each row, stay in L2.
+inline bool stays_in_l2(int64_t keys, int64_t row_floats) {
+  return 2 * keys * row_floats * static_cast<int64_t>(sizeof(float)) <= kFetchBothBytes;
+}
+
 inline float dot(const float* a, const float* b, int64_t n) {
 #ifdef __AVX512F__
   if (n % kLanes == 0) {  // the same FMA chain per lane and the same pairwise tree as below
@@ -314,18 +319,23 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
   struct Item {
     int64_t seq, t0, g0, g1;  // sequence, first query token of the tile, KV heads [g0, g1)
   };
+  // The keys [lo, hi) that the tile of sequence s starting at query token t0 reads: every key
+  // one of its queries sees.
+  auto tile_keys = [&](int64_t s, int64_t t0) {
+    const int64_t first_pos = kv_lens[s] - q_lens[s];  // position of the sequence's query 0
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos + t0 - window + 1) : 0;
+    return std::make_pair(lo, first_pos + std::min(q_lens[s], t0 + kTile));
+  };
   std::vector<Item> items;
   for (int64_t r = 0; r < rows.size(0); ++r)
     for (int64_t t = 0; t < q_lens[row_ids[r]]; t += kTile) items.push_back({row_ids[r], t, 0, 0});
   const bool few = static_cast<int64_t>(items.size()) < 4 * at::get_num_threads();
   std::vector<Item> work;
   for (const Item& it : items) {
-    // keys the tile reads (as in the loop below); a span too long to stay in L2 is not split:
-    // its K and V stream from memory best front to back, all KV heads of a row at once
-    const int64_t first_pos = kv_lens[it.seq] - q_lens[it.seq];
-    const int64_t hi = first_pos + std::min(q_lens[it.seq], it.t0 + kTile);
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos + it.t0 - window + 1) : 0;
-    const bool split = few && 2 * (hi - lo) * dim * 4 <= kFetchBothBytes;
+    // a span too long to stay in L2 is not split: its K and V stream from memory best front to
+    // back, all KV heads of a row at once
+    const auto [lo, hi] = tile_keys(it.seq, it.t0);
+    const bool split = few && stays_in_l2(hi - lo, dim);
     for (int64_t g = 0; g < kv_heads; g += split ? 1 : kv_heads)
       work.push_back({it.seq, it.t0, g, split ? g + 1 : kv_heads});
   }
@@ -344,7 +354,7 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       auto first_key = [&](int64_t i) {
         return window > 0 ? std::max<int64_t>(0, first_pos + i - window + 1) : int64_t{0};
       };
-      const int64_t lo = first_key(t0), hi = first_pos + t1;  // keys [lo, hi) of the tile
+      const auto [lo, hi] = tile_keys(s, t0);
       const int64_t span = hi - lo;
       // The item's query heads [h0, h0 + hq); query vector a = (i - t0) * hq + (h - h0).
       const int64_t h0 = g0 * group, hq = (g1 - g0) * group, nq = tile_len * hq;
@@ -381,7 +391,7 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       }
       // Scores of every query vector against every key of the tile's span (those a query does
       // not see are overwritten with 0 by the softmax below).
-      const bool both = 2 * span * part * 4 <= kFetchBothBytes;  // K and V stay in L2
+      const bool both = stays_in_l2(span, part);
       if (both) {
         // 16 keys at a time; meanwhile the next 16 keys' K and V rows are fetched (blocks are
         // scattered, and hardware prefetchers do not follow a sequence from one block to the
