@@ -38,6 +38,7 @@ constexpr int64_t kPanel = 64;   // output columns per panel
 constexpr int64_t kMaxRows = 6;  // rows per register tile (6 x 4 accumulators of 16 floats)
 constexpr int64_t kChunk = 96;   // rows per pass over the panels
 constexpr int64_t kAhead = 8;    // panel rows prefetched ahead (one 256-byte row per input)
+constexpr int64_t kFarBytes = 16384;  // and bytes fetched into L2 ahead by tiles of 5-6 rows
 
 using bf16_bits = uint16_t;  // a bfloat16 value: the high 16 bits of a float32
 
@@ -62,14 +63,24 @@ inline __m512 load16(const int8_t* w) {
 }
 #endif
 
-// Rows x 64 outputs of one panel, written to y[0 .. Rows-1][0 .. cols-1].
+// Rows x 64 outputs of one panel, written to y[0 .. Rows-1][0 .. cols-1]. `next`: a panel of k
+// rows to fetch into L2 meanwhile (the next one this thread multiplies), or nullptr.
+//
+// Fetching ahead: the first tile of a panel reads it from memory. At 1-4 rows the loop is short
+// enough that the out-of-order core keeps many lines in flight besides the near prefetch; at 5-6
+// rows it is not (a 5-row product took ~25% longer than a 4-row one, reading the same bytes),
+// so those tiles also fetch kFarBytes ahead into L2. Later tiles of a panel read it from L2,
+// bound by arithmetic: the second one brings in the next panel, so that reading memory overlaps
+// computing (16 rows: ~28 -> ~20 ms for the 30 layers of the default model on 2 cores).
 template <int Rows, typename W>
 void tile(const float* x, int64_t k, const W* panel, const float* scale, const float* bias,
-          float* y, int64_t ldy, int64_t cols) {
+          float* y, int64_t ldy, int64_t cols, const W* next, int64_t phase, int64_t every) {
   alignas(64) float out[Rows][kPanel];
 #ifdef __AVX512F__
   constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
   constexpr int64_t ahead = kAhead * 4 / lines;        // the same bytes ahead for either type
+  constexpr int64_t far = kFarBytes / (64 * lines);    // panel rows in kFarBytes
+  int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
   __m512 acc[Rows][4];
   for (int m = 0; m < Rows; ++m)
     for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
@@ -77,6 +88,14 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
     const W* w = panel + c * kPanel;
     for (int64_t line = 0; line < lines; ++line)
       _mm_prefetch(reinterpret_cast<const char*>(w + ahead * kPanel) + 64 * line, _MM_HINT_T0);
+    if constexpr (Rows >= 5)
+      for (int64_t line = 0; line < lines; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(w + far * kPanel) + 64 * line, _MM_HINT_T1);
+    if (next != nullptr && --countdown == 0) {
+      countdown = every;
+      for (int64_t line = 0; line < lines; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line, _MM_HINT_T1);
+    }
     const __m512 w0 = load16(w), w1 = load16(w + 16);
     const __m512 w2 = load16(w + 32), w3 = load16(w + 48);
 #pragma GCC unroll 8
@@ -91,6 +110,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
   for (int m = 0; m < Rows; ++m)
     for (int i = 0; i < 4; ++i) _mm512_store_ps(out[m] + 16 * i, acc[m][i]);
 #else
+  (void)next, (void)phase, (void)every;
   for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
   for (int64_t c = 0; c < k; ++c) {
     const W* w = panel + c * kPanel;
@@ -132,16 +152,23 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, f
         const float* sp = sc != nullptr ? sc + col : nullptr;
         const int64_t first = m0 + kMaxRows * (tiles * g / groups);
         const int64_t last = std::min(m1, m0 + kMaxRows * (tiles * (g + 1) / groups));
+        // With several tiles, they fetch this thread's next panel into L2 meanwhile, each a
+        // share of its rows (tile t: rows t, t + count, ...), so memory streams while they
+        // compute. A single tile streams its own panel from memory and fetches nothing else.
+        const int64_t count = (last - first + kMaxRows - 1) / kMaxRows;
+        const W* next =
+            count > 1 && i + 1 < i1 && (i + 1) / groups != p ? panel + k * kPanel : nullptr;
         for (int64_t m = first; m < last; m += kMaxRows) {
           const float* xm = xp + m * k;
           float* ym = yp + m * n + col;
+          const int64_t t = (m - first) / kMaxRows;
           switch (std::min(kMaxRows, last - m)) {
-            case 6: tile<6>(xm, k, panel, sp, bp, ym, n, cols); break;
-            case 5: tile<5>(xm, k, panel, sp, bp, ym, n, cols); break;
-            case 4: tile<4>(xm, k, panel, sp, bp, ym, n, cols); break;
-            case 3: tile<3>(xm, k, panel, sp, bp, ym, n, cols); break;
-            case 2: tile<2>(xm, k, panel, sp, bp, ym, n, cols); break;
-            default: tile<1>(xm, k, panel, sp, bp, ym, n, cols); break;
+            case 6: tile<6>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
+            case 5: tile<5>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
+            case 4: tile<4>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
+            case 3: tile<3>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
+            case 2: tile<2>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
+            default: tile<1>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
           }
         }
       }
