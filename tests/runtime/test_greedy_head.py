@@ -16,10 +16,13 @@ from runtime.greedy_head import ExactGreedyHead
 from runtime.request import GenerationRequest
 
 
-@pytest.fixture(autouse=True)
-def every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tests check the exact path itself, at any number of rows."""
-    monkeypatch.setattr("runtime.greedy_head.MIN_ROWS", 1)
+@pytest.fixture(params=["panels", "onednn"])
+def approx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which product picks the candidates, at any number of rows: bfloat16 panels (below
+    ONEDNN_ROWS rows) or oneDNN's bfloat16 product."""
+    rows = 10**9 if request.param == "panels" else 1
+    monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", rows)
+    return str(request.param)
 
 
 def test_panel_entries_are_the_panel_linear_bits() -> None:
@@ -42,13 +45,15 @@ def head_of(vocab: int, hidden: int, seed: int) -> PrepackedLinear:
     return head
 
 
-@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("kind", ["panels", "onednn", "matmul"])
 @pytest.mark.parametrize("rows", [1, 4, 64])
-def test_exact_head_equals_the_full_argmax(rows: int, packed: bool) -> None:
+def test_exact_head_equals_the_full_argmax(rows: int, kind: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", 10**9 if kind == "panels" else 1)
     head = head_of(5000, 96, 0)
     exact = ExactGreedyHead.for_head(head)
     assert exact is not None and exact._packed_bf16 is not None  # oneDNN packs here
-    if not packed:  # the plain bfloat16 matmul, where torch cannot pack
+    if kind == "matmul":  # the plain bfloat16 matmul, where torch cannot pack
         exact._packed_bf16 = None
         exact.weight_bf16_t = head.weight.detach().bfloat16().t().contiguous()
     g = torch.Generator().manual_seed(rows)
@@ -57,7 +62,7 @@ def test_exact_head_equals_the_full_argmax(rows: int, packed: bool) -> None:
         assert torch.equal(exact.argmax(x), argmax_rows(head(x)))
 
 
-def test_ties_and_near_ties_follow_argmax_rows() -> None:
+def test_ties_and_near_ties_follow_argmax_rows(approx: str) -> None:
     torch.manual_seed(1)
     linear = nn.Linear(64, 300, bias=False)
     with torch.no_grad():
@@ -74,7 +79,7 @@ def test_ties_and_near_ties_follow_argmax_rows() -> None:
     assert torch.equal(exact.argmax(x), full)
 
 
-def test_non_finite_rows_take_the_full_head() -> None:
+def test_non_finite_rows_take_the_full_head(approx: str) -> None:
     head = head_of(500, 32, 2)
     exact = ExactGreedyHead.for_head(head)
     assert exact is not None
@@ -86,6 +91,8 @@ def test_non_finite_rows_take_the_full_head() -> None:
 def test_off_where_it_cannot_apply(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ExactGreedyHead.for_head(nn.Linear(8, 20)) is None  # not on panels
     assert ExactGreedyHead.for_head(prepack(nn.Linear(8, 70), int8=True)) is None
+    biased = prepack(nn.Linear(8, 70), head=True)  # its candidates would leave the bias out
+    assert isinstance(biased, PrepackedLinear) and ExactGreedyHead.for_head(biased) is None
     monkeypatch.setenv("EAGLEBATCH_EXACT_HEAD", "0")
     assert ExactGreedyHead.for_head(head_of(100, 8, 3)) is None
 
