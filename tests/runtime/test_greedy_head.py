@@ -16,12 +16,15 @@ from runtime.greedy_head import ExactGreedyHead
 from runtime.request import GenerationRequest
 
 
+def pick_candidates_with(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which product picks the candidates, at any number of rows: bfloat16 panels ("panels",
+    used below ONEDNN_ROWS rows) or the bfloat16 product from ONEDNN_ROWS on (any other)."""
+    monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", 10**9 if path == "panels" else 1)
+
+
 @pytest.fixture(params=["panels", "onednn"])
 def approx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which product picks the candidates, at any number of rows: bfloat16 panels (below
-    ONEDNN_ROWS rows) or oneDNN's bfloat16 product."""
-    rows = 10**9 if request.param == "panels" else 1
-    monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", rows)
+    pick_candidates_with(str(request.param), monkeypatch)
     return str(request.param)
 
 
@@ -49,7 +52,7 @@ def head_of(vocab: int, hidden: int, seed: int) -> PrepackedLinear:
 @pytest.mark.parametrize("rows", [1, 4, 64])
 def test_exact_head_equals_the_full_argmax(rows: int, kind: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", 10**9 if kind == "panels" else 1)
+    pick_candidates_with(kind, monkeypatch)
     head = head_of(5000, 96, 0)
     exact = ExactGreedyHead.for_head(head)
     assert exact is not None and exact._packed_bf16 is not None  # oneDNN packs here
