@@ -81,6 +81,11 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               type=click.IntRange(1), help="Token budget of one engine step.")
 @click.option("--threads", default=None, type=click.IntRange(1),
               help="torch CPU threads (default: torch's choice, one per core).")
+@click.option("--ceiling", is_flag=True,
+              help="Also run every k > 0 with perfect drafts: the drafter runs as usual (its "
+                   "cost stays in every step), but its drafts are replaced by the k = 0 run's "
+                   "own next tokens, so all are accepted. Shows the most any drafter of this "
+                   "cost could gain at each batch size. Needs 0 in --k.")
 def bench(**options: Any) -> None:
     """Measure the engine with and without speculative decoding against transformers `generate`,
     side by side and interleaved, and write bench.parquet, report.md and PNG plots to --out."""
@@ -97,7 +102,8 @@ def bench(**options: Any) -> None:
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],
-            max_num_batched_tokens=o["max_num_batched_tokens"], threads=o["threads"]))
+            max_num_batched_tokens=o["max_num_batched_tokens"], threads=o["threads"],
+            ceiling=o["ceiling"]))
     except JobError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)

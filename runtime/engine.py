@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -60,6 +60,17 @@ class Engine:
         self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids)
         self._arrivals = 0
+
+    def draft_from_reference(self, reference: Mapping[str, tuple[int, ...]]) -> None:
+        """From now on, a request whose id is in `reference` is drafted the next tokens of its
+        reference output instead of the drafter's proposals; the drafter still runs, so steps
+        cost the same (runtime.speculative.reference: the ceiling of speculation)."""
+        if self.proposer is None:
+            raise ValueError("drafting from reference outputs needs an engine with a drafter")
+        from runtime.speculative.reference import ReferenceDrafts  # noqa: PLC0415
+
+        self.runner.proposer = ReferenceDrafts(self.proposer, self.config.num_speculative_tokens,
+                                               reference)
 
     def generate(
         self,

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from pipeline.bench.metrics import ENGINE, TRANSFORMERS
+from pipeline.bench.metrics import CEILING, ENGINE, VARIANTS
 from pipeline.stats import Counts
 
 Key = tuple[int, str, int]  # (batch_size, variant, k)
@@ -44,11 +44,11 @@ class Summary(NamedTuple):
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> dict[Key, Summary]:
-    """Keyed and sorted by batch size, then transformers, then engine by k."""
+    """Keyed and sorted by batch size, then transformers, engine, perfect drafts, then k."""
     grouped: dict[Key, list[dict[str, Any]]] = {}
     for row in rows:
         grouped.setdefault((row["batch_size"], row["variant"], row["k"]), []).append(row)
-    order = sorted(grouped, key=lambda key: (key[0], key[1] != TRANSFORMERS, key[2]))
+    order = sorted(grouped, key=lambda key: (key[0], VARIANTS.index(key[1]), key[2]))
     return {key: Summary(*key, grouped[key]) for key in order}
 
 
@@ -67,8 +67,13 @@ def ratio(summaries: dict[Key, Summary], top: Key, bottom: Key) -> float | None:
     return a.tokens_per_s / b.tokens_per_s
 
 
-def speedup_vs_k0(summaries: dict[Key, Summary], batch_size: int, k: int) -> float | None:
-    return ratio(summaries, (batch_size, ENGINE, k), (batch_size, ENGINE, 0))
+def speedup_vs_k0(summaries: dict[Key, Summary], batch_size: int, k: int,
+                  variant: str = ENGINE) -> float | None:
+    return ratio(summaries, (batch_size, variant, k), (batch_size, ENGINE, 0))
+
+
+def ceiling_ks(summaries: dict[Key, Summary]) -> list[int]:
+    return sorted({key[2] for key in summaries if key[1] == CEILING})
 
 
 def best_k(summaries: dict[Key, Summary], batch_size: int) -> Summary | None:

@@ -47,6 +47,7 @@ class BenchConfig:
     kv_cache_memory: int | None = None
     max_num_batched_tokens: int = 2048
     threads: int | None = None  # torch CPU threads; None: torch's default
+    ceiling: bool = False  # also run every k > 0 with perfect drafts (the k = 0 run's tokens)
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -63,6 +64,9 @@ class BenchConfig:
             raise JobError(f"--threads must be >= 1, got {self.threads}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise JobError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.ceiling and (0 not in self.ks or not self.speculative_ks):
+            raise JobError("--ceiling needs k = 0 (its outputs are the perfect drafts) and a "
+                           f"k > 0 in --k, got --k {','.join(map(str, self.ks))}")
 
     @property
     def random_preset(self) -> str | None:

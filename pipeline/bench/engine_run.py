@@ -66,9 +66,11 @@ def _kv_bytes_for_batch(config: EngineConfig, workload: Workload, k: int) -> int
 
 
 class EngineVariant:
-    def __init__(self, config: EngineConfig, k: int, bandwidth: float | None) -> None:
+    def __init__(self, config: EngineConfig, k: int, bandwidth: float | None,
+                 variant: str = ENGINE) -> None:
         self.config = config
         self.k = k
+        self.variant = variant  # ENGINE, or CEILING once draft_from_reference is called
         self.engine = Engine(config)
         self.bandwidth = bandwidth  # device copy bytes/s, measured on CUDA only
         self.weight_bytes = _weight_bytes_read_per_step(self.engine.model)
@@ -93,7 +95,7 @@ class EngineVariant:
         requests = workload.requests()
         pulled = [0]
         steps = _StepLog()
-        record = RunRecord(ENGINE, self.k, self.config.max_num_seqs)
+        record = RunRecord(self.variant, self.k, self.config.max_num_seqs)
 
         def feed() -> Iterator[GenerationRequest]:
             for request in requests:

@@ -40,10 +40,12 @@ BENCH_SCHEMA = pa.schema([
 
 ENGINE = "engine"
 TRANSFORMERS = "transformers"
+CEILING = "perfect drafts"  # the engine drafting the k = 0 run's own tokens (--ceiling)
+VARIANTS = (TRANSFORMERS, ENGINE, CEILING)  # the order of the report's tables
 
 
 def variant_label(variant: str, k: int) -> str:
-    """'transformers', 'engine k=0' (no drafter), 'engine k=3'."""
+    """'transformers', 'engine k=0' (no drafter), 'engine k=3', 'perfect drafts k=3'."""
     return variant if variant == TRANSFORMERS else f"{variant} k={k}"
 
 

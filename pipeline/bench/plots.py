@@ -13,8 +13,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pipeline.bench.aggregate import Key, Summary, batch_sizes, engine_ks, speedup_vs_k0
-from pipeline.bench.metrics import variant_label
+from pipeline.bench.aggregate import (
+    Key,
+    Summary,
+    batch_sizes,
+    ceiling_ks,
+    engine_ks,
+    speedup_vs_k0,
+)
+from pipeline.bench.metrics import CEILING, variant_label
 from pipeline.stats import Counts
 
 Series = dict[str, list[tuple[float, float]]]
@@ -65,7 +72,8 @@ def plot_throughput(summaries: dict[Key, Summary], path: Path) -> Series | None:
 
 
 def plot_speedup(summaries: dict[Key, Summary], path: Path) -> Series | None:
-    """Tokens/s with k draft tokens over tokens/s without a drafter, one line per batch size."""
+    """Tokens/s with k draft tokens over tokens/s without a drafter, one line per batch size
+    (and, with --ceiling, a dashed line of the same colour for perfect drafts)."""
     ks = engine_ks(summaries)
     if 0 not in ks or len(ks) < 2:
         return None
@@ -74,9 +82,18 @@ def plot_speedup(summaries: dict[Key, Summary], path: Path) -> Series | None:
     series: Series = {}
     for b in batch_sizes(summaries):
         points = [(float(k), r) for k in ks if (r := speedup_vs_k0(summaries, b, k)) is not None]
-        if points:
-            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=f"batch {b}")
-            series[f"batch {b}"] = points
+        if not points:
+            continue
+        line = ax.plot([x for x, _ in points], [y for _, y in points], marker="o",
+                       label=f"batch {b}")[0]
+        series[f"batch {b}"] = points
+        ceiling = [(float(k), r) for k in ceiling_ks(summaries)
+                   if (r := speedup_vs_k0(summaries, b, k, CEILING)) is not None]
+        if ceiling:
+            ax.plot([0.0] + [x for x, _ in ceiling], [1.0] + [y for _, y in ceiling],
+                    marker="^", linestyle="--", color=line.get_color(),
+                    label=f"batch {b}, perfect drafts")
+            series[f"batch {b}, perfect drafts"] = [(0.0, 1.0), *ceiling]
     if not series:
         return None
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)

@@ -13,12 +13,13 @@ from pipeline.bench.aggregate import (
     acceptance_by_k,
     batch_sizes,
     best_k,
+    ceiling_ks,
     engine_ks,
     ratio,
     speedup_vs_k0,
     summarize,
 )
-from pipeline.bench.metrics import BENCH_FILE, ENGINE, TRANSFORMERS, variant_label
+from pipeline.bench.metrics import BENCH_FILE, CEILING, ENGINE, TRANSFORMERS, variant_label
 from pipeline.bench.plots import plot_acceptance, plot_speedup, plot_throughput
 
 REPORT_FILE = "report.md"
@@ -69,6 +70,10 @@ def _header(meta: dict[str, Any]) -> str:
         f"weights {'int8 (CPU)' if config.get('draft_int8') else 'as stored'}; n-gram lookup "
         f"drafts {'on' if config.get('draft_ngram') else 'off'}",
     ]
+    if config.get("ceiling"):
+        lines.append("- perfect drafts (`--ceiling`): every k > 0 also ran with the k = 0 run's "
+                     "own next tokens as its drafts (always k, no confidence cut); the drafter "
+                     "still runs, so each step costs what drafting costs")
     if meta.get("random_weights"):
         lines += ["", "> **Random weights.** The model (and any drafter) has random weights in "
                   "the shape of the real architecture: throughput is the architecture's, but "
@@ -77,7 +82,7 @@ def _header(meta: dict[str, Any]) -> str:
 
 
 def _equality(rows: list[dict[str, Any]]) -> str:
-    engine_rows = [r for r in rows if r["variant"] == ENGINE]
+    engine_rows = [r for r in rows if r["variant"] != TRANSFORMERS]
     if not engine_rows:
         return ""
     bad = [r for r in engine_rows if r["outputs_equal"] != r["outputs_compared"]]
@@ -138,6 +143,15 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
         parts.append("With the drafter over without it (same batch size):\n\n" + md.table(
             ["batch", *[f"k={k}" for k in ks]],
             [[str(b), *[md.ratio(speedup_vs_k0(summaries, b, k)) for k in ks]] for b in sizes]))
+    ceilings = ceiling_ks(summaries)
+    if ceilings and 0 in engine_ks(summaries):
+        parts.append("Ceiling: perfect drafts over k=0 (every draft accepted, drafting cost "
+                     "kept): the most any drafter as costly as this one could gain. Where it "
+                     "is near 1.0x, verification costs as much as decoding at that batch size "
+                     "and no drafter can help:\n\n" + md.table(
+                         ["batch", *[f"k={k}" for k in ceilings]],
+                         [[str(b), *[md.ratio(speedup_vs_k0(summaries, b, k, CEILING))
+                                     for k in ceilings]] for b in sizes]))
     best = [(b, s) for b in sizes if (s := best_k(summaries, b)) is not None]
     if best:
         parts.append("Best k per batch size:\n\n" + md.table(
@@ -205,6 +219,8 @@ _DEFINITIONS = """## Definitions
 - latency: a request's finish time - the run's start (all requests are submitted at the start);
   TTFT: its first generated token's time - the run's start. transformers' requests finish with
   their static batch.
+- perfect drafts k=K (`--ceiling`): the engine with the drafter at k = K, whose drafts are
+  replaced by the k = 0 run's next tokens (all accepted); not in the acceptance table.
 - acceptance: accepted / drafted; accept len: 1 + accepted / draft steps (tokens per
   verification step); pos j: draft steps whose j-th draft token was accepted / draft steps.
 - peak RSS / GPU: the process's peak during the run; it holds every variant of the batch size

@@ -32,6 +32,7 @@ from pipeline.bench.hf_baseline import TransformersBaseline
 from pipeline.bench.metrics import (
     BENCH_FILE,
     BENCH_SCHEMA,
+    CEILING,
     ENGINE,
     Agreement,
     RunRecord,
@@ -108,6 +109,15 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                                               workload, base), k, bandwidth)
         variant.warm_up(workload)
         engines.append(variant)
+    # --ceiling: always k drafts (no confidence cut), replaced by the k = 0 run's tokens; they
+    # run after k = 0 in every round, so its first run's outputs are there in time
+    ceilings = []
+    for k in config.speculative_ks if config.ceiling else ():
+        variant = EngineVariant(engine_config(models.model_dir, models.drafter, k, batch_size,
+                                              workload, replace(base, draft_confidence=0.0)),
+                                k, bandwidth, CEILING)
+        variant.warm_up(workload)
+        ceilings.append(variant)
     if baseline is not None:
         baseline.warm_up(workload, batch_size)
     records: list[tuple[int, RunRecord]] = []
@@ -115,8 +125,14 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
         if baseline is not None:
             records.append((repeat, _timed(baseline.run(workload, batch_size))))
         for variant in engines:
+            record = _timed(variant.run(workload))
+            records.append((repeat, record))
+            if variant.k == 0 and repeat == 0:
+                for ceiling in ceilings:
+                    ceiling.engine.draft_from_reference(record.outputs)
+        for variant in ceilings:
             records.append((repeat, _timed(variant.run(workload))))
-    del engines
+    del engines, ceilings
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -126,7 +142,7 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
 def _timed(record: RunRecord) -> RunRecord:
     tokens = sum(len(t) for t in record.outputs.values())
     seconds = record.end - record.t0
-    _log(f"  B={record.batch_size:<3} {variant_label(record.variant, record.k):<14} "
+    _log(f"  B={record.batch_size:<3} {variant_label(record.variant, record.k):<18} "
          f"{tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
     return record
 
