@@ -67,6 +67,18 @@ def ratio(summaries: dict[Key, Summary], top: Key, bottom: Key) -> float | None:
     return a.tokens_per_s / b.tokens_per_s
 
 
+def round_ratios(summaries: dict[Key, Summary], top: Key, bottom: Key) -> list[float]:
+    """top's tokens/s over bottom's within each round (repeat) that ran both, sorted. A round
+    runs every variant of a batch size once, back to back, so a slow drift of the machine's
+    speed cancels in these ratios; their range says how steady the ratio of medians is."""
+    a, b = summaries.get(top), summaries.get(bottom)
+    if a is None or b is None:
+        return []
+    below = {r.get("repeat"): r["output_tokens_per_s"] for r in b.runs}
+    return sorted(r["output_tokens_per_s"] / below[r.get("repeat")] for r in a.runs
+                  if below.get(r.get("repeat")))
+
+
 def speedup_vs_k0(summaries: dict[Key, Summary], batch_size: int, k: int,
                   variant: str = ENGINE) -> float | None:
     return ratio(summaries, (batch_size, variant, k), (batch_size, ENGINE, 0))

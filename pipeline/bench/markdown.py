@@ -15,7 +15,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _numeric(cell: str) -> bool:
-    stripped = cell.rstrip("x%").replace(",", "").replace("±", "").replace(" ", "")
+    """'1,234.5', '12%', '±3.1%', '1.46x', '1.46x (1.31-1.52)' (a ratio and its range), '–'."""
+    stripped = cell.split(" (")[0].rstrip("x%").replace(",", "").replace("±", "").replace(" ", "")
     return cell == "–" or stripped.replace(".", "", 1).lstrip("-").isdigit()
 
 

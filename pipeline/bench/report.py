@@ -16,6 +16,7 @@ from pipeline.bench.aggregate import (
     ceiling_ks,
     engine_ks,
     ratio,
+    round_ratios,
     speedup_vs_k0,
     summarize,
 )
@@ -137,12 +138,13 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
                      + md.table(["batch", "engine k=0", "transformers", "ratio"], [
                          [str(b), md.num(_tps(summaries, (b, ENGINE, 0))),
                           md.num(_tps(summaries, (b, TRANSFORMERS, 0))),
-                          md.ratio(ratio(summaries, (b, ENGINE, 0), (b, TRANSFORMERS, 0)))]
+                          ratio_cell(summaries, (b, ENGINE, 0), (b, TRANSFORMERS, 0))]
                          for b in sizes]))
     if ks and 0 in engine_ks(summaries):
         parts.append("With the drafter over without it (same batch size):\n\n" + md.table(
             ["batch", *[f"k={k}" for k in ks]],
-            [[str(b), *[md.ratio(speedup_vs_k0(summaries, b, k)) for k in ks]] for b in sizes]))
+            [[str(b), *[ratio_cell(summaries, (b, ENGINE, k), (b, ENGINE, 0)) for k in ks]]
+             for b in sizes]))
     ceilings = ceiling_ks(summaries)
     if ceilings and 0 in engine_ks(summaries):
         parts.append("Ceiling: perfect drafts over k=0 (every draft accepted, drafting cost "
@@ -150,7 +152,7 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
                      "is near 1.0x, verification costs as much as decoding at that batch size "
                      "and no drafter can help:\n\n" + md.table(
                          ["batch", *[f"k={k}" for k in ceilings]],
-                         [[str(b), *[md.ratio(speedup_vs_k0(summaries, b, k, CEILING))
+                         [[str(b), *[ratio_cell(summaries, (b, CEILING, k), (b, ENGINE, 0))
                                      for k in ceilings]] for b in sizes]))
     best = [(b, s) for b in sizes if (s := best_k(summaries, b)) is not None]
     if best:
@@ -161,6 +163,14 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
               md.ratio(ratio(summaries, (b, ENGINE, s.k), (b, TRANSFORMERS, 0)))]
              for b, s in best]))
     return "\n\n".join(parts) if len(parts) > 1 else ""
+
+
+def ratio_cell(summaries: dict[Key, Summary], top: Key, bottom: Key) -> str:
+    """'1.46x (1.31-1.52)': the ratio of the medians, then the lowest and highest ratio within
+    one round when there were several rounds."""
+    rounds = round_ratios(summaries, top, bottom)
+    cell = md.ratio(ratio(summaries, top, bottom))
+    return f"{cell} ({rounds[0]:.2f}-{rounds[-1]:.2f})" if len(rounds) > 1 else cell
 
 
 def _tps(summaries: dict[Key, Summary], key: Key) -> float | None:
@@ -216,6 +226,9 @@ _DEFINITIONS = """## Definitions
 - tokens/s: generated tokens of all requests / wall time of the run (model loading and warm-up
   excluded: transformers first runs one untimed static batch at each batch size, the engines one
   request); spread: ±half of (max - min) / median over the repeats.
+- ratios: of the medians; in brackets, the lowest and highest ratio of two runs in the same
+  round (a round runs every variant of a batch size once, back to back, so a drift of the
+  machine's speed cancels within it but not between the medians).
 - latency: a request's finish time - the run's start (all requests are submitted at the start);
   TTFT: its first generated token's time - the run's start. transformers' requests finish with
   their static batch.

@@ -9,9 +9,17 @@ from typing import Any
 import pytest
 
 from pipeline.bench import markdown as md
-from pipeline.bench.aggregate import acceptance_by_k, best_k, ratio, speedup_vs_k0, summarize
+from pipeline.bench.aggregate import (
+    acceptance_by_k,
+    best_k,
+    ratio,
+    round_ratios,
+    speedup_vs_k0,
+    summarize,
+)
 from pipeline.bench.config import BenchConfig, parse_int_list
 from pipeline.bench.metrics import Agreement, RunRecord, bench_row, percentile
+from pipeline.bench.report import ratio_cell
 from pipeline.bench.runner import cpu_description
 from pipeline.config import JobError
 
@@ -72,6 +80,19 @@ def test_medians_ratios_and_best_k() -> None:
     assert best_k(summaries, 1).k == 3 and best_k(summaries, 8).k == 0  # type: ignore[union-attr]
 
 
+def test_round_ratios_pair_runs_of_the_same_round() -> None:
+    rows = [_row(1, "engine", 0, 10.0, repeat=0), _row(1, "engine", 3, 18.0, repeat=0),
+            _row(1, "engine", 0, 14.0, repeat=1), _row(1, "engine", 3, 14.0, repeat=1),
+            _row(1, "engine", 0, 12.0, repeat=2), _row(1, "engine", 3, 24.0, repeat=2)]
+    summaries = summarize(rows)
+    assert round_ratios(summaries, (1, "engine", 3), (1, "engine", 0)) == [1.0, 1.8, 2.0]
+    assert speedup_vs_k0(summaries, 1, 3) == 1.5  # 18 / 12: medians, not paired
+    assert round_ratios(summaries, (1, "engine", 3), (1, "transformers", 0)) == []
+    assert ratio_cell(summaries, (1, "engine", 3), (1, "engine", 0)) == "1.50x (1.00-2.00)"
+    one_round = summarize(rows[:2])
+    assert ratio_cell(one_round, (1, "engine", 3), (1, "engine", 0)) == "1.80x"
+
+
 def test_acceptance_sums_counts_over_batch_sizes() -> None:
     rows = [_row(1, "engine", 2, 1.0, drafted=10, accepted=6, draft_steps=5,
                  accepted_per_position=[4, 2]),
@@ -88,6 +109,8 @@ def test_acceptance_sums_counts_over_batch_sizes() -> None:
 def test_markdown_table_aligns_numbers_right() -> None:
     assert md.table(["b", "variant", "tokens/s"], [["1", "engine k=0", "1,234.5"]]) == (
         "| b | variant | tokens/s |\n| ---: | --- | ---: |\n| 1 | engine k=0 | 1,234.5 |")
+    assert md.table(["b", "k=2"], [["1", "1.31x (1.25-1.47)"]]).splitlines()[1] == \
+        "| ---: | ---: |"
     assert (md.ratio(1.234), md.pct(0.5), md.ms(0.0123), md.num(None)) == (
         "1.23x", "50.0%", "12", "–")
 
