@@ -166,6 +166,7 @@ class PrepackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.kernel = kernel
         self.rows = rows
+        self.exact_greedy_head: object | None = None  # a head's, built once (runtime.greedy_head)
         self._packed = packed
         self._scales = scales  # int8 panels: [panels * 64] float32 per output column
 

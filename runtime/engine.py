@@ -5,16 +5,25 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
+from transformers import PretrainedConfig
 
 from runtime.config import EngineConfig
 from runtime.kv.manager import KVCacheManager
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, resolve_model
+from runtime.model import CausalLM
 from runtime.model_runner import ModelRunner, RunnerOutput
 from runtime.request import Completion, GenerationRequest
 from runtime.sampler import make_generator
 from runtime.scheduler import Scheduler, SchedulerOutput
 from runtime.sequence import Sequence
-from runtime.setup import build_kv_cache, build_model, kv_budget, place, target_specs
+from runtime.setup import (
+    Placement,
+    build_kv_cache,
+    build_model,
+    kv_budget,
+    place,
+    target_specs,
+)
 from runtime.stop import StopChecker
 
 
@@ -25,7 +34,10 @@ class Engine:
     eos_token_ids, max_model_len, model_name, drafter_name.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, target: CausalLM | None = None) -> None:
+        """target: the model of another Engine over the same checkpoint, dtype, device and
+        attention backend, built for at least as many positions, to run on the same weights
+        (a bench holds several variants at once: one copy of the weights instead of one each)."""
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)  # process-wide, like OMP_NUM_THREADS
@@ -37,7 +49,12 @@ class Engine:
         self.eos_token_ids = eos_token_ids(model_dir, self.tokenizer)
         self.max_model_len = config.max_model_len or self.hf_config.max_position_embeddings
         k = config.num_speculative_tokens
-        self.model = build_model(model_dir, self.hf_config, p, self.max_model_len + 2 * k + 2)
+        positions = self.max_model_len + 2 * k + 2
+        if target is None:
+            self.model = build_model(model_dir, self.hf_config, p, positions)
+        else:
+            _check_shared_target(target, self.hf_config, p, positions)
+            self.model = target
         specs = target_specs(self.hf_config, self.model, p, self.max_model_len)
         self.proposer = None
         self.drafter_name: str | None = None
@@ -205,3 +222,16 @@ def _completion(seq: Sequence, error: str | None = None) -> Completion:
 def _error_completion(request: GenerationRequest, error: str) -> Completion:
     return Completion(request.request_id, tuple(request.prompt_token_ids), (), "error",
                       error=error)
+
+
+def _check_shared_target(target: CausalLM, hf_config: PretrainedConfig, p: Placement,
+                         positions: int) -> None:
+    weight = target.model.embed_tokens.weight
+    if target.config.to_dict() != hf_config.to_dict():
+        raise ValueError("the shared target model was built from another checkpoint")
+    if weight.dtype != p.dtype or weight.device.type != p.device.type:
+        raise ValueError(f"the shared target model is {weight.dtype} on {weight.device.type}, "
+                         f"this engine runs {p.dtype} on {p.device.type}")
+    if target.rope.cos.shape[0] < positions:
+        raise ValueError(f"the shared target model has rotary tables for "
+                         f"{target.rope.cos.shape[0]} positions, this engine needs {positions}")

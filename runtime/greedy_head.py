@@ -65,14 +65,19 @@ class ExactGreedyHead:
 
     @classmethod
     def for_head(cls, head: torch.nn.Module) -> ExactGreedyHead | None:
-        """The exact greedy head for a float32 CPU head on panels without a bias, else None."""
+        """The exact greedy head for a float32 CPU head on panels without a bias, else None.
+        Engines sharing one target model share its exact head (and its bfloat16 copies)."""
         if (os.environ.get("EAGLEBATCH_EXACT_HEAD", "1") == "0"
                 or not isinstance(head, PrepackedLinear) or head.kernel != "panel"
                 or head.bias is not None
                 or head._scales is not None or head.weight.dtype != torch.float32
                 or head.weight.device.type != "cpu" or not load_cpu_kernels()):
             return None
-        return cls(head)
+        built = head.exact_greedy_head
+        if not isinstance(built, cls):
+            built = cls(head)
+            head.exact_greedy_head = built  # a cycle through the head: freed with it by gc
+        return built
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows] int64
         hidden = hidden.float().contiguous()

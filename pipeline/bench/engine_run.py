@@ -67,11 +67,12 @@ def _kv_bytes_for_batch(config: EngineConfig, workload: Workload, k: int) -> int
 
 class EngineVariant:
     def __init__(self, config: EngineConfig, k: int, bandwidth: float | None,
-                 variant: str = ENGINE) -> None:
+                 variant: str = ENGINE, target: Engine | None = None) -> None:
+        """target: an engine of the same bench whose model this one runs on (same weights)."""
         self.config = config
         self.k = k
         self.variant = variant  # ENGINE, or CEILING once draft_from_reference is called
-        self.engine = Engine(config)
+        self.engine = Engine(config, None if target is None else target.model)
         self.bandwidth = bandwidth  # device copy bytes/s, measured on CUDA only
         self.weight_bytes = _weight_bytes_read_per_step(self.engine.model)
         hf = self.engine.hf_config

@@ -43,6 +43,7 @@ from pipeline.bench.models import BenchModels, resolve_models
 from pipeline.bench.report import write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
 from runtime.config import EngineConfig
+from runtime.engine import Engine
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
 from runtime.setup import Placement, place
 
@@ -103,21 +104,26 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                       baseline: TransformersBaseline | None,
                       bandwidth: float | None) -> list[tuple[int, RunRecord]]:
     """(repeat, record) of every timed run, in the order they ran."""
-    engines = []
-    for k in config.ks:
-        variant = EngineVariant(engine_config(models.model_dir, models.drafter, k, batch_size,
-                                              workload, base), k, bandwidth)
-        variant.warm_up(workload)
-        engines.append(variant)
     # --ceiling: always k drafts (no confidence cut), replaced by the k = 0 run's tokens; they
     # run after k = 0 in every round, so its first run's outputs are there in time
-    ceilings = []
-    for k in config.speculative_ks if config.ceiling else ():
-        variant = EngineVariant(engine_config(models.model_dir, models.drafter, k, batch_size,
-                                              workload, replace(base, draft_confidence=0.0)),
-                                k, bandwidth, CEILING)
+    wanted = [(ENGINE, k, base) for k in config.ks] + [
+        (CEILING, k, replace(base, draft_confidence=0.0))
+        for k in (config.speculative_ks if config.ceiling else ())]
+    # One copy of the target's weights for all variants: the largest k is built first (its
+    # rotary tables cover the most positions) and the others run on its model.
+    built: dict[int, EngineVariant] = {}
+    first: Engine | None = None
+    for i in sorted(range(len(wanted)), key=lambda i: -wanted[i][1]):
+        name, k, engine_base = wanted[i]
+        built[i] = EngineVariant(engine_config(models.model_dir, models.drafter, k, batch_size,
+                                               workload, engine_base), k, bandwidth, name, first)
+        first = first or built[i].engine
+    variants = [built[i] for i in range(len(wanted))]
+    del built
+    for variant in variants:
         variant.warm_up(workload)
-        ceilings.append(variant)
+    engines = [v for v in variants if v.variant == ENGINE]
+    ceilings = [v for v in variants if v.variant == CEILING]
     if baseline is not None:
         baseline.warm_up(workload, batch_size)
     records: list[tuple[int, RunRecord]] = []
@@ -132,7 +138,7 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                     ceiling.engine.draft_from_reference(record.outputs)
         for variant in ceilings:
             records.append((repeat, _timed(variant.run(workload))))
-    del engines, ceilings
+    del variants, engines, ceilings
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
