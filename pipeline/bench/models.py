@@ -6,9 +6,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from transformers import AutoConfig, PretrainedConfig
 
 from pipeline.bench.config import BenchConfig
-from pipeline.bench.presets import make_random_checkpoint, make_random_drafter, preset_names
+from pipeline.bench.presets import (
+    make_random_checkpoint,
+    make_random_drafter,
+    preset_config,
+    preset_names,
+    weight_bytes,
+)
 from pipeline.config import JobError
 from runtime.loader import default_drafter, resolve_model
 
@@ -21,24 +28,70 @@ class BenchModels(NamedTuple):
     random_drafter: bool = False  # made here with random weights: its confidence means nothing
 
 
-def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype) -> BenchModels:
-    """Random checkpoints (random:<preset>, --drafter random) are written under scratch."""
+def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype,
+                   device: torch.device) -> BenchModels:
+    """Random checkpoints (random:<preset>, --drafter random) are written under scratch, once
+    the weights are known to fit in memory."""
     preset = config.random_preset
     if preset is not None:
         if preset not in preset_names():
             raise JobError(f"--model {config.model}: unknown preset; presets: "
                            f"{', '.join('random:' + n for n in preset_names())}")
+        check_memory(config, preset_config(preset), dtype, device)
         model_dir = make_random_checkpoint(preset, scratch / "model", dtype)
     else:
         try:
             model_dir = resolve_model(config.model)
         except (OSError, ValueError, RuntimeError) as exc:
             raise JobError(f"cannot load --model {config.model}: {exc}") from None
+        check_memory(config, AutoConfig.from_pretrained(model_dir), dtype, device)
     if not config.speculative_ks:
         return BenchModels(model_dir, None, "none", preset is not None)
     drafter, label = _drafter(config, model_dir, scratch, dtype)
     return BenchModels(model_dir, drafter, label, preset is not None,
                        random_drafter=drafter.is_relative_to(scratch))
+
+
+# On the CPU the engine keeps each Linear's weight and a packed copy of it (runtime.cpu_gemm)
+_CPU_ENGINE_COPIES = 2
+
+
+def check_memory(config: BenchConfig, model: PretrainedConfig, dtype: torch.dtype,
+                 device: torch.device, available: int | None = None) -> None:
+    """Refuses, before anything is loaded or written, a bench whose weights alone do not fit in
+    the device's available memory (rather than the process being killed halfway). All engine
+    variants share one copy of the target's weights; transformers loads its own."""
+    weights = weight_bytes(model, dtype)
+    engine = weights * (_CPU_ENGINE_COPIES if device.type == "cpu" else 1)
+    need = engine + (weights if config.baseline == "transformers" else 0)
+    if available is None:
+        available = _available_bytes(device)
+    if available is None or need <= available:
+        return
+    gib = 1 << 30
+    parts = [f"engines: {engine / gib:.1f} GiB"
+             + (", the weights and their CPU panels" if device.type == "cpu" else "")]
+    if config.baseline == "transformers":
+        parts.append(f"transformers: {weights / gib:.1f} GiB")
+    hints = [h for h, useful in (("--baseline none", config.baseline == "transformers"),
+                                 ("--dtype bfloat16", dtype == torch.float32),
+                                 ("a smaller model", True)) if useful]
+    raise JobError(f"--model {config.model} needs about {need / gib:.1f} GiB of {device.type} "
+                   f"memory for its {str(dtype).removeprefix('torch.')} weights "
+                   f"({'; '.join(parts)}), more than the "
+                   f"{available / gib:.1f} GiB available; try {', '.join(hints)}")
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _drafter(config: BenchConfig, model_dir: Path, scratch: Path,

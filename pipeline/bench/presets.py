@@ -15,7 +15,12 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
@@ -55,22 +60,33 @@ def preset_names() -> list[str]:
     return sorted(PRESETS)
 
 
+def preset_config(preset: str, shape: dict[str, Any] | None = None) -> PretrainedConfig:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(preset_names())}")
+    return AutoConfig.for_model(max_position_embeddings=MAX_POSITIONS, bos_token_id=1,
+                                eos_token_id=2, pad_token_id=3, **{**PRESETS[preset],
+                                                                   **(shape or {})})
+
+
+def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
+    """Bytes of a model's parameters in `dtype` (a tied head counted once)."""
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in skeleton.parameters()) * dtype.itemsize
+
+
 def make_random_checkpoint(preset: str, out_dir: Path, dtype: torch.dtype, *,
                            shape: dict[str, Any] | None = None, seed: int = 0) -> Path:
     """Write config.json, random safetensors shards (in `dtype`) and the byte-level tokenizer.
 
     shape overrides preset fields (tests shrink a preset with it).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(preset_names())}")
+    config = preset_config(preset, shape)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fields = {**PRESETS[preset], **(shape or {})}
-    config = AutoConfig.for_model(max_position_embeddings=MAX_POSITIONS, bos_token_id=1,
-                                  eos_token_id=2, pad_token_id=3, **fields)
     config.save_pretrained(out_dir)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
-    tied = bool(fields.get("tie_word_embeddings"))
+    tied = bool(config.tie_word_embeddings)
     shapes = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()
               if not (tied and name == "lm_head.weight")}
     _write_random_shards(shapes, out_dir, dtype, seed)

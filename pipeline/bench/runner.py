@@ -64,7 +64,7 @@ def run_bench(config: BenchConfig) -> Path:
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process
     with tempfile.TemporaryDirectory(prefix=".bench-models-", dir=out) as scratch:
-        models = resolve_models(config, Path(scratch), p.dtype)
+        models = resolve_models(config, Path(scratch), p.dtype, p.device)
         if models.random_drafter:  # random drafts are all unlikely: gating would cut them all
             base = replace(base, draft_confidence=0.0)
             config = replace(config, draft_confidence=0.0)

@@ -85,3 +85,44 @@ def test_unknown_preset_is_a_user_error(tmp_path: Path, prompts_file: Path) -> N
                                        str(prompts_file), "--out", str(tmp_path), "--k", "0"])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: --model random:gpt-9: unknown preset; presets: ")
+
+
+GIB = 1 << 30
+
+
+def test_weights_that_cannot_fit_are_refused_before_anything_is_written() -> None:
+    from pipeline.bench.config import BenchConfig
+    from pipeline.bench.models import check_memory
+    from pipeline.config import JobError
+
+    big = presets.preset_config("llama-3-8b")
+    weights = presets.weight_bytes(big, torch.float32)
+    assert weights == 8_030_261_248 * 4  # Llama-3-8B's parameter count
+    config = BenchConfig("p.parquet", "out", model="random:llama-3-8b")
+    with pytest.raises(JobError) as refused:
+        check_memory(config, big, torch.float32, torch.device("cpu"), available=22 * GIB)
+    assert str(refused.value) == (
+        "--model random:llama-3-8b needs about 89.7 GiB of cpu memory for its float32 weights "
+        "(engines: 59.8 GiB, the weights and their CPU panels; transformers: 29.9 GiB), more "
+        "than the 22.0 GiB available; try --baseline none, --dtype bfloat16, a smaller model")
+    # bfloat16 on a GPU of 80 GiB: one engine copy + transformers' = 29.9 GiB, fits
+    check_memory(config, big, torch.bfloat16, torch.device("cuda"), available=80 * GIB)
+    no_baseline = BenchConfig("p.parquet", "out", model="random:llama-3-8b", baseline="none")
+    with pytest.raises(JobError, match=r"about 29\.9 GiB of cpu memory for its bfloat16 weights "
+                                       r"\(engines: 29\.9 GiB, .*\), more than the 22\.0 GiB "
+                                       r"available; try a smaller model$"):
+        check_memory(no_baseline, big, torch.bfloat16, torch.device("cpu"), available=22 * GIB)
+    check_memory(config, presets.preset_config("smollm2-135m"), torch.float32,
+                 torch.device("cpu"), available=22 * GIB)
+
+
+def test_bench_of_a_preset_too_big_for_this_machine_is_a_user_error(
+        tmp_path: Path, prompts_file: Path) -> None:
+    """This machine (and CI's) has far less than the ~90 GiB Llama-3-8B's fp32 bench needs."""
+    result = CliRunner().invoke(main, ["bench", "--model", "random:llama-3-8b", "--prompts",
+                                       str(prompts_file), "--out", str(tmp_path / "r"),
+                                       "--device", "cpu", "--k", "0"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --model random:llama-3-8b needs about 89.7 GiB of "
+                                    "cpu memory for its float32 weights")
+    assert not any((tmp_path / "r").rglob("*.safetensors"))
