@@ -86,7 +86,12 @@ class EagleProposer:
         feats = features.index_select(0, torch.tensor(rows.feature_rows, device=self.device))
         drafts: list[list[int]] = [[] for _ in out.scheduled]
         tables = step.block_tables
-        if rows.sampling and self._skip_drafts(out, rows.sampling):
+        skip = bool(rows.sampling) and self._skip_drafts(out, rows.sampling)
+        looked_up = ([] if skip or not rows.sampling
+                     else self._ngram_drafts(out, rows.sampling, emitted))
+        if skip or (looked_up and all(looked_up)):
+            # The drafter does not draft this step (drafts skipped, or every request drafts
+            # from its n-gram lookup): its step 1 can wait for the next step that drafts.
             # Prompt positions go to the drafter now: their blocks may be reused by the prefix
             # cache, drafter KV included, after this request is gone. The rest waits.
             prompt = [i for i, (seq, start, _) in enumerate(out.scheduled)
@@ -95,15 +100,13 @@ class EagleProposer:
             if prompt:
                 sub, sub_feats = _select(rows, feats, prompt)
                 self._step_one(sub, sub_feats, [tables[i] for i in prompt])
+            if not skip:
+                for i, lookup in zip(rows.sampling, looked_up, strict=True):
+                    drafts[i] = lookup
             return drafts
         rows, feats = self._with_stashed(out, rows, feats)
         hidden, seq_lens = self._step_one(rows, feats, tables)
         if not rows.sampling:
-            return drafts
-        looked_up = self._ngram_drafts(out, rows.sampling, emitted)
-        if all(looked_up):  # every request drafts from its n-gram lookup: no draft head
-            for i, lookup in zip(rows.sampling, looked_up, strict=True):
-                drafts[i] = lookup
             return drafts
         last = torch.tensor(rows.last_rows, device=self.device)
         hidden = hidden.index_select(0, last)  # [num_sampling, H]
@@ -163,10 +166,11 @@ class EagleProposer:
 
     def _stash(self, out: SchedulerOutput, rows: DraftRows, feats: torch.Tensor,
                skip: set[int]) -> None:
-        """A step without drafts: instead of running the drafter, keep each request's new
-        positions (input ids and target features) for the next step that drafts, except the
-        requests in `skip`. A request's stash must end where its next rows start; one that does
-        not (preempted and recomputed) or that is not scheduled (finished) is dropped."""
+        """A step in which the drafter does not draft: instead of running it, keep each
+        request's new positions (input ids and target features) for the next step that drafts,
+        except the requests in `skip`. A request's stash must end where its next rows start;
+        one that does not (preempted and recomputed) or that is not scheduled (finished) is
+        dropped."""
         stash: dict[str, tuple[int, list[int], torch.Tensor]] = {}
         for i, start, _, ids, part in _per_request(rows, feats):
             if i in skip:
