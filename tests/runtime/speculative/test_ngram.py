@@ -96,3 +96,42 @@ def test_seeded_sampling_with_ngram_drafts_is_reproducible(tiny_model_dir: Path,
 
     first = run()
     assert len(first) == 30 and run() == first
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 4])
+def test_steps_drafted_from_lookups_alone_defer_the_drafter_and_change_no_draft(
+        tiny_model_dir: Path, tmp_path: Path, max_num_seqs: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every request drafts from its n-gram lookup, the drafter's step 1 waits in the
+    stash for the next step that drafts: the same drafts (so the same counts), fewer forwards."""
+    from runtime.speculative.proposer import EagleProposer
+
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=2, seed=3)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(4, 250, (n,), generator=g).tolist() for n in (6, 15, 3, 11)]
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    forwards = [0]
+    run_drafter = EagleProposer._run
+
+    def counted(self: EagleProposer, *args: object) -> torch.Tensor:
+        forwards[0] += 1
+        return run_drafter(self, *args)  # type: ignore[arg-type]
+    monkeypatch.setattr(EagleProposer, "_run", counted)
+
+    def run() -> tuple[dict[str, tuple[object, ...]], int]:
+        forwards[0] = 0
+        engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                     drafter=str(drafter), num_speculative_tokens=3,
+                                     draft_ngram=True, max_num_seqs=max_num_seqs))
+        requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)]
+        return {c.request_id: (c.token_ids, c.num_drafted, c.num_accepted,
+                               tuple(c.accepted_per_position))
+                for c in engine.generate(requests)}, forwards[0]
+
+    deferred, fewer = run()
+    monkeypatch.setattr(EagleProposer, "_drafter_idle", staticmethod(lambda skip, _: skip))
+    every_step, more = run()
+    assert deferred == every_step
+    # the loops of the tiny model are drafted from lookups (a random drafter is rarely right)
+    assert sum(c[2] for c in deferred.values()) > 30  # type: ignore[misc]
+    assert fewer < more
