@@ -44,7 +44,11 @@ def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype,
             model_dir = resolve_model(config.model)
         except (OSError, ValueError, RuntimeError) as exc:
             raise JobError(f"cannot load --model {config.model}: {exc}") from None
-        check_memory(config, AutoConfig.from_pretrained(model_dir), dtype, device)
+        try:
+            model = AutoConfig.from_pretrained(model_dir)
+        except (OSError, ValueError, KeyError) as exc:
+            raise JobError(f"cannot load --model {config.model}: {exc}") from None
+        check_memory(config, model, dtype, device)
     if not config.speculative_ks:
         return BenchModels(model_dir, None, "none", preset is not None)
     drafter, label = _drafter(config, model_dir, scratch, dtype)
@@ -61,7 +65,10 @@ def check_memory(config: BenchConfig, model: PretrainedConfig, dtype: torch.dtyp
     """Refuses, before anything is loaded or written, a bench whose weights alone do not fit in
     the device's available memory (rather than the process being killed halfway). All engine
     variants share one copy of the target's weights; transformers loads its own."""
-    weights = weight_bytes(model, dtype)
+    try:
+        weights = weight_bytes(model, dtype)
+    except (ValueError, KeyError, TypeError):
+        return  # no transformers class for it: loading the model reports that
     engine = weights * (_CPU_ENGINE_COPIES if device.type == "cpu" else 1)
     need = engine + (weights if config.baseline == "transformers" else 0)
     if available is None:
