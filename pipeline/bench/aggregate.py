@@ -74,9 +74,9 @@ def round_ratios(summaries: dict[Key, Summary], top: Key, bottom: Key) -> list[f
     a, b = summaries.get(top), summaries.get(bottom)
     if a is None or b is None:
         return []
-    below = {r.get("repeat"): r["output_tokens_per_s"] for r in b.runs}
-    return sorted(r["output_tokens_per_s"] / below[r.get("repeat")] for r in a.runs
-                  if below.get(r.get("repeat")))
+    below = {r["repeat"]: r["output_tokens_per_s"] for r in b.runs}
+    return sorted(r["output_tokens_per_s"] / below[r["repeat"]] for r in a.runs
+                  if below.get(r["repeat"]))
 
 
 def speedup_vs_k0(summaries: dict[Key, Summary], batch_size: int, k: int,

@@ -42,11 +42,8 @@ def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype,
     else:
         try:
             model_dir = resolve_model(config.model)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise JobError(f"cannot load --model {config.model}: {exc}") from None
-        try:
             model = AutoConfig.from_pretrained(model_dir)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
             raise JobError(f"cannot load --model {config.model}: {exc}") from None
         check_memory(config, model, dtype, device)
     if not config.speculative_ks:

@@ -37,6 +37,6 @@ class ReferenceDrafts:
             tokens = emitted[i]
             if known is None or tokens is None:
                 continue
-            generated = len(seq.token_ids) - seq.num_prompt_tokens + len(tokens)
+            generated = seq.num_output_tokens + len(tokens)
             drafts[i] = list(known[generated:generated + self.k])
         return drafts
