@@ -8,7 +8,7 @@ deterministic: the same arguments give the same files.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import gguf
@@ -26,6 +26,9 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
 )
+
+from runtime.config import SamplingParams
+from runtime.request import GenerationRequest
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0, 1, 2, 3
 TINY_VOCAB_SIZE = 256
@@ -219,3 +222,15 @@ def _add_tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer: PreTrainedTokeni
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_add_bos_token(False)
     writer.add_chat_template(tokenizer.chat_template)
+
+
+def random_prompt_requests(lengths: Sequence[int],
+                           params: Sequence[SamplingParams] | SamplingParams,
+                           seed: int) -> list[GenerationRequest]:
+    """Requests "0", "1", ... whose prompts are random ordinary token ids (4..249) of the given
+    lengths, drawn one prompt after the other from one seeded generator; `params` per request or
+    one for all."""
+    g = torch.Generator().manual_seed(seed)
+    each = [params] * len(lengths) if isinstance(params, SamplingParams) else list(params)
+    return [GenerationRequest(str(i), tuple(torch.randint(4, 250, (n,), generator=g).tolist()),
+                              p) for i, (n, p) in enumerate(zip(lengths, each, strict=True))]

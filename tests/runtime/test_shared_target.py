@@ -7,22 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
 from tests.drafter_fixtures import make_random_drafter
+from tests.fixtures import random_prompt_requests
 
 MAX_TOKENS = (12, 7, 9)
 
 
 def _requests() -> list[GenerationRequest]:
-    g = torch.Generator().manual_seed(3)
-    return [GenerationRequest(str(i), tuple(torch.randint(4, 250, (5 + 4 * i,),
-                                                          generator=g).tolist()),
-                              SamplingParams(max_tokens=n, ignore_eos=True))
-            for i, n in enumerate(MAX_TOKENS)]
+    return random_prompt_requests([5 + 4 * i for i in range(len(MAX_TOKENS))],
+                                  [SamplingParams(max_tokens=n, ignore_eos=True)
+                                   for n in MAX_TOKENS], seed=3)
 
 
 def _config(model_dir: Path, **kw: object) -> EngineConfig:

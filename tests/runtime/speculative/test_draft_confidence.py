@@ -13,6 +13,7 @@ from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
 from tests.drafter_fixtures import make_random_drafter
+from tests.fixtures import random_prompt_requests
 
 K = 3
 SHARPEN = 5.0
@@ -20,10 +21,8 @@ PROMPT_LENGTHS = (5, 13, 1, 20, 8, 22)
 
 
 def _requests() -> list[GenerationRequest]:
-    g = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    return [GenerationRequest(str(i), tuple(torch.randint(4, 250, (n,), generator=g).tolist()),
-                              params) for i, n in enumerate(PROMPT_LENGTHS)]
+    return random_prompt_requests(PROMPT_LENGTHS, SamplingParams(max_tokens=24, ignore_eos=True),
+                                  seed=0)
 
 
 def _engine(model_dir: Path, drafter: Path, gate: float, max_num_seqs: int = 64) -> Engine:

@@ -8,22 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
 from tests.drafter_fixtures import make_random_drafter
+from tests.fixtures import random_prompt_requests
 
 MAX_TOKENS = (24, 6, 10, 30, 8, 16)  # unequal lengths: the batch drains from 6 to 1
 
 
 def _requests(params: SamplingParams | None = None) -> list[GenerationRequest]:
-    g = torch.Generator().manual_seed(0)
-    return [GenerationRequest(str(i), tuple(torch.randint(4, 250, (5 + 3 * i,),
-                                                          generator=g).tolist()),
-                              params or SamplingParams(max_tokens=n, ignore_eos=True))
-            for i, n in enumerate(MAX_TOKENS)]
+    return random_prompt_requests([5 + 3 * i for i in range(len(MAX_TOKENS))],
+                                  params or [SamplingParams(max_tokens=n, ignore_eos=True)
+                                             for n in MAX_TOKENS], seed=0)
 
 
 def _run(model_dir: Path, requests: list[GenerationRequest], **engine_kw: Any

@@ -51,13 +51,18 @@ def test_indexing_in_pieces_equals_indexing_at_once() -> None:
         assert proposal(seen, 3) == want, end
 
 
+def _looping(model_dir: Path, tmp_path: Path) -> tuple[Path, list[list[int]]]:
+    """A random 2-layer drafter, and prompts on which the tiny random model falls into loops."""
+    drafter = make_random_drafter(model_dir, tmp_path / "drafter", num_layers=2, seed=3)
+    g = torch.Generator().manual_seed(1)
+    return drafter, [torch.randint(4, 250, (n,), generator=g).tolist() for n in (6, 15, 3, 11)]
+
+
 def test_engine_with_ngram_drafts_gives_the_same_tokens_and_accepts_more(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """The tiny random model falls into loops: n-gram drafts find them, a random drafter does
     not. Greedy tokens stay those of the target alone, under preemption too."""
-    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=2, seed=3)
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(4, 250, (n,), generator=g).tolist() for n in (6, 15, 3, 11)]
+    drafter, prompts = _looping(tiny_model_dir, tmp_path)
     params = SamplingParams(max_tokens=100, ignore_eos=True)
 
     def run(**kw: object) -> tuple[Engine, dict[str, Completion]]:
@@ -106,9 +111,7 @@ def test_steps_drafted_from_lookups_alone_defer_the_drafter_and_change_no_draft(
     stash for the next step that drafts: the same drafts (so the same counts), fewer forwards."""
     from runtime.speculative.proposer import EagleProposer
 
-    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=2, seed=3)
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(4, 250, (n,), generator=g).tolist() for n in (6, 15, 3, 11)]
+    drafter, prompts = _looping(tiny_model_dir, tmp_path)
     params = SamplingParams(max_tokens=100, ignore_eos=True)
     forwards = [0]
     run_drafter = EagleProposer._run

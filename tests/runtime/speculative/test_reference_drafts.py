@@ -7,23 +7,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import Completion, GenerationRequest
 from tests.drafter_fixtures import make_random_drafter
+from tests.fixtures import random_prompt_requests
 
 K = 3
 MAX_TOKENS = (17, 9, 12, 4)
 
 
 def _requests() -> list[GenerationRequest]:
-    g = torch.Generator().manual_seed(1)
-    return [GenerationRequest(str(i), tuple(torch.randint(4, 250, (6 + 2 * i,),
-                                                          generator=g).tolist()),
-                              SamplingParams(max_tokens=n, ignore_eos=True))
-            for i, n in enumerate(MAX_TOKENS)]
+    return random_prompt_requests([6 + 2 * i for i in range(len(MAX_TOKENS))],
+                                  [SamplingParams(max_tokens=n, ignore_eos=True)
+                                   for n in MAX_TOKENS], seed=1)
 
 
 def _engine(model_dir: Path, drafter: Path | None) -> Engine:
