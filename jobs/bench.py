@@ -11,7 +11,7 @@ from jobs.options import memory_size
 from pipeline.bench.config import BASELINES, BenchConfig, ReportConfig, parse_int_list
 from pipeline.bench.presets import preset_names
 from pipeline.config import JobError
-from runtime.config import CLI_DRAFT_CONFIDENCE, DEFAULT_MODEL
+from runtime.config import CLI_DRAFT_CONFIDENCE, CLI_DRAFT_NGRAM_TOKENS, DEFAULT_MODEL
 
 _EXIT_USER_ERROR = 2
 
@@ -54,6 +54,10 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
                    "always drafts k.")
 @click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
               help="As in `generate`: n-gram lookup drafts where the text repeats.")
+@click.option("--draft-ngram-tokens", default=CLI_DRAFT_NGRAM_TOKENS, show_default=True,
+              type=click.IntRange(0),
+              help="As in `generate`: a greedy request alone in its step (batch 1) may take up "
+                   "to this many lookup drafts, more than k; 0: k.")
 @click.option("--draft-int8/--no-draft-int8", default=True, show_default=True,
               help="As in `generate`: on the CPU, run the drafter on int8 copies of its "
                    "weights (one scale per output); outputs are the same either way.")
@@ -98,7 +102,8 @@ def bench(**options: Any) -> None:
             prompt_column=o["prompt_column"], num_prompts=o["num_prompts"],
             chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
             draft_confidence=o["draft_confidence"], draft_int8=o["draft_int8"],
-            draft_ngram=o["draft_ngram"], attention_backend=o["attention_backend"],
+            draft_ngram=o["draft_ngram"], draft_ngram_tokens=o["draft_ngram_tokens"],
+            attention_backend=o["attention_backend"],
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],

@@ -9,7 +9,13 @@ import click
 
 from jobs.options import memory_size
 from pipeline.config import JobConfig, JobError, RayConfig
-from runtime.config import CLI_DRAFT_CONFIDENCE, CLI_DRAFT_MAX_BATCH, DEFAULT_MODEL, EngineConfig
+from runtime.config import (
+    CLI_DRAFT_CONFIDENCE,
+    CLI_DRAFT_MAX_BATCH,
+    CLI_DRAFT_NGRAM_TOKENS,
+    DEFAULT_MODEL,
+    EngineConfig,
+)
 from runtime.loader import default_drafter
 
 _EXIT_USER_ERROR = 2
@@ -64,6 +70,12 @@ def main() -> None:
               help="Where a request's last 2-4 tokens occurred before in its prompt or output, "
                    "draft the tokens that followed them instead of the drafter's drafts (cheap, "
                    "often right where answers repeat). Outputs are the same either way.")
+@click.option("--draft-ngram-tokens", default=CLI_DRAFT_NGRAM_TOKENS, show_default=True,
+              type=click.IntRange(0),
+              help="With --draft-ngram, a greedy request alone in its step may take up to this "
+                   "many lookup drafts, more than --num-speculative-tokens (its verification "
+                   "reads the weights for one row either way, so extra rows cost it almost "
+                   "nothing); 0 or at most k: k. Outputs are the same either way.")
 @click.option("--draft-int8/--no-draft-int8", default=True, show_default=True,
               help="On the CPU, run the drafter on int8 copies of its weights (one scale per "
                    "output): a draft step reads a quarter of the bytes of float32. Drafts may "
@@ -173,6 +185,7 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         num_speculative_tokens=o["num_speculative_tokens"],
         draft_confidence=o["draft_confidence"], draft_max_batch=o["draft_max_batch"] or None,
         draft_int8=o["draft_int8"], draft_ngram=o["draft_ngram"],
+        draft_ngram_tokens=o["draft_ngram_tokens"],
         attention_backend=o["attention_backend"], dtype=o["dtype"], device=o["device"],
         kv_cache_memory=o["kv_cache_memory"], max_num_batched_tokens=o["max_num_batched_tokens"],
         max_num_seqs=o["max_num_seqs"], block_size=o["block_size"], num_threads=o["threads"])

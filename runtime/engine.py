@@ -48,7 +48,7 @@ class Engine:
         self.tokenizer = load_tokenizer(model_dir)
         self.eos_token_ids = eos_token_ids(model_dir, self.tokenizer)
         self.max_model_len = config.max_model_len or self.hf_config.max_position_embeddings
-        k = config.num_speculative_tokens
+        k = config.draft_width  # drafts verified per request and step, at most
         positions = self.max_model_len + 2 * k + 2
         if target is None:
             self.model = build_model(model_dir, self.hf_config, p, positions)
@@ -176,8 +176,10 @@ class Engine:
                 seq.num_draft_steps += 1
                 seq.num_drafted += verified
                 seq.num_accepted += accepted
+                counts = seq.accepted_per_position  # k long; longer lookups add positions
+                counts.extend([0] * (accepted - len(counts)))
                 for j in range(accepted):
-                    seq.accepted_per_position[j] += 1
+                    counts[j] += 1
             reason = self._append(seq, emitted)
             generated += len(emitted)
             if reason is not None:

@@ -25,7 +25,8 @@ class Completion:
     stop_string: the stop string that ended generation, if any; token_ids still hold the tokens
     that produced it, and the detokenizer cuts the text at its first occurrence.
     num_drafted / num_accepted: speculative decoding counts for this request (0 without drafter).
-    accepted_per_position: how many draft tokens were accepted at position 0, 1, ... k-1.
+    accepted_per_position: how many draft tokens were accepted at position 0, 1, ... k-1 (and
+        further, up to draft_ngram_tokens, where a long n-gram lookup got past k).
     """
 
     request_id: str

@@ -37,6 +37,7 @@ class BenchConfig:
     draft_confidence: float = 0.0  # EngineConfig.draft_confidence of the k > 0 variants
     draft_int8: bool = False  # EngineConfig.draft_int8 of the k > 0 variants
     draft_ngram: bool = False  # EngineConfig.draft_ngram of the k > 0 variants
+    draft_ngram_tokens: int = 0  # EngineConfig.draft_ngram_tokens of the k > 0 variants
     attention_backend: str = "auto"
     max_tokens: int = 128
     baseline: str = "transformers"

@@ -38,14 +38,14 @@ def engine_config(model_dir: Path, drafter: Path | None, k: int, batch_size: int
         device=base.device, kv_cache_memory=base.kv_cache_memory,
         max_num_batched_tokens=base.max_num_batched_tokens, enable_prefix_caching=False,
         draft_confidence=base.draft_confidence, draft_int8=base.draft_int8,
-        draft_ngram=base.draft_ngram,
+        draft_ngram=base.draft_ngram, draft_ngram_tokens=base.draft_ngram_tokens,
         attention_backend=base.attention_backend)
     if config.kv_cache_memory is None:
-        config = replace(config, kv_cache_memory=_kv_bytes_for_batch(config, workload, k))
+        config = replace(config, kv_cache_memory=_kv_bytes_for_batch(config, workload))
     return config
 
 
-def _kv_bytes_for_batch(config: EngineConfig, workload: Workload, k: int) -> int:
+def _kv_bytes_for_batch(config: EngineConfig, workload: Workload) -> int:
     """Enough KV cache for batch_size of the longest requests (plus draft lookahead), so the
     batch size, not the cache, limits concurrency. Several engines live at once in a bench,
     which is why the engine's own default (1 GiB, or most of the GPU) is not used."""
@@ -58,7 +58,7 @@ def _kv_bytes_for_batch(config: EngineConfig, workload: Workload, k: int) -> int
         layers += drafter_num_layers(Path(config.drafter))
     longest = max(len(ids) + n for ids, n in zip(workload.prompts, workload.max_tokens,
                                                             strict=True))
-    blocks_per_seq = -(-(longest + 2 * k + 2) // p.block_size) + 1
+    blocks_per_seq = -(-(longest + 2 * config.draft_width + 2) // p.block_size) + 1
     block_bytes = 2 * p.block_size * target.num_key_value_heads * head_dim_of(target) * \
         p.dtype.itemsize * layers
     blocks = int(config.max_num_seqs * blocks_per_seq * _KV_SLACK) + 2  # block 0 is reserved

@@ -69,7 +69,7 @@ def _header(meta: dict[str, Any]) -> str:
         f"- attention backend: {meta.get('attention_backend', 'torch')}; drafts cut below "
         f"drafter confidence {config.get('draft_confidence', 0.0)} (0: always k drafts); drafter "
         f"weights {'int8 (CPU)' if config.get('draft_int8') else 'as stored'}; n-gram lookup "
-        f"drafts {'on' if config.get('draft_ngram') else 'off'}",
+        f"drafts {_lookups(config)}",
     ]
     if config.get("ceiling"):
         lines.append("- perfect drafts (`--ceiling`): every k > 0 also ran with the k = 0 run's "
@@ -80,6 +80,14 @@ def _header(meta: dict[str, Any]) -> str:
                   "the shape of the real architecture: throughput is the architecture's, but "
                   "outputs are noise and the acceptance figures are meaningless."]
     return "\n".join(lines)
+
+
+def _lookups(config: dict[str, Any]) -> str:
+    if not config.get("draft_ngram"):
+        return "off"
+    longest = config.get("draft_ngram_tokens") or 0
+    return (f"on (up to {longest} drafts for a greedy request alone in its step)" if longest
+            else "on")
 
 
 def _equality(rows: list[dict[str, Any]]) -> str:

@@ -59,6 +59,7 @@ def run_bench(config: BenchConfig) -> Path:
                         max_num_batched_tokens=config.max_num_batched_tokens,
                         draft_confidence=config.draft_confidence,
                         draft_int8=config.draft_int8, draft_ngram=config.draft_ngram,
+                        draft_ngram_tokens=config.draft_ngram_tokens,
                         attention_backend=config.attention_backend)
     p = place(base)
     if config.threads is not None:

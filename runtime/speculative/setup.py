@@ -39,7 +39,8 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
         lay_out_for_cpu(drafter, int8=config.draft_int8)  # its own head, if any, too
     specs = attention_specs(ckpt.config, names, p.block_size, p.dtype, windows)
     proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device,
-                             config.draft_confidence, config.draft_max_batch, config.draft_ngram)
+                             config.draft_confidence, config.draft_max_batch, config.draft_ngram,
+                             config.draft_width)
     return proposer, specs
 
 

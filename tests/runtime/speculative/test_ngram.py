@@ -138,3 +138,68 @@ def test_steps_drafted_from_lookups_alone_defer_the_drafter_and_change_no_draft(
     # the loops of the tiny model are drafted from lookups (a random drafter is rarely right)
     assert sum(c[2] for c in deferred.values()) > 30  # type: ignore[misc]
     assert fewer < more
+
+
+def test_draft_width_is_k_or_the_longer_lookups() -> None:
+    def width(**kw: object) -> int:
+        return EngineConfig(num_speculative_tokens=2, **kw).draft_width  # type: ignore[arg-type]
+
+    assert width() == 2 and width(draft_ngram=True) == 2
+    assert width(draft_ngram=True, draft_ngram_tokens=6) == 6
+    assert width(draft_ngram=False, draft_ngram_tokens=6) == 2  # no lookups, no longer drafts
+    assert width(draft_ngram=True, draft_ngram_tokens=1) == 2
+    with pytest.raises(ValueError, match="draft_ngram_tokens must be >= 0"):
+        EngineConfig(draft_ngram_tokens=-1)
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 4])
+def test_a_greedy_request_alone_takes_longer_lookups_and_batched_ones_k(
+        tiny_model_dir: Path, tmp_path: Path, max_num_seqs: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """draft_ngram_tokens = 6 with k = 2: a greedy request sampling alone in its step drafts up
+    to 6 tokens from its lookup, requests sampling together up to 2; the tokens stay the
+    target's own, and positions past k are accepted only from the long lookups."""
+    from runtime.speculative.proposer import EagleProposer
+
+    drafter, prompts = _looping(tiny_model_dir, tmp_path)
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    seen: list[tuple[int, int]] = []  # per step: (requests sampling, longest lookup)
+    lookups = EagleProposer._ngram_drafts
+
+    def logged(self: EagleProposer, out: object, sampling: list[int],
+               emitted: object) -> list[list[int]]:
+        drafts = lookups(self, out, sampling, emitted)  # type: ignore[arg-type]
+        seen.append((len(sampling), max(len(d) for d in drafts)))
+        return drafts
+    monkeypatch.setattr(EagleProposer, "_ngram_drafts", logged)
+
+    def run(**kw: object) -> dict[str, Completion]:
+        engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                     max_num_seqs=max_num_seqs, **kw))  # type: ignore[arg-type]
+        requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)]
+        return {c.request_id: c for c in engine.generate(requests)}
+
+    plain = run()
+    long = run(drafter=str(drafter), num_speculative_tokens=2, draft_ngram=True,
+               draft_ngram_tokens=6)
+    assert {k: c.token_ids for k, c in long.items()} == {k: c.token_ids for k, c in plain.items()}
+    alone = [n for count, n in seen if count == 1]
+    together = [n for count, n in seen if count > 1]
+    assert max(together, default=0) <= 2
+    assert max(alone) == 6  # the tiny model's loops are long: lookups fill the whole width
+    for c in long.values():  # k positions, more where a long lookup got further
+        assert 2 <= len(c.accepted_per_position) <= 6
+        assert c.num_drafted <= 6 * c.num_draft_steps
+        assert sum(c.accepted_per_position) == c.num_accepted
+    beyond_k = sum(sum(c.accepted_per_position[2:]) for c in long.values())
+    if max_num_seqs == 1:
+        assert not together and beyond_k > 0
+    else:
+        assert together  # four requests at once: most steps are shared
+    seen.clear()
+    sampled = SamplingParams(max_tokens=40, temperature=0.8, seed=5, ignore_eos=True)
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, drafter=str(drafter),
+                                 num_speculative_tokens=2, draft_ngram=True,
+                                 draft_ngram_tokens=6))
+    list(engine.generate([GenerationRequest("s", tuple(prompts[0]), sampled)]))
+    assert seen and max(n for _, n in seen) <= 2  # a request that samples keeps k
