@@ -48,3 +48,9 @@ class NgramIndex:
             if end is not None:  # end <= len(tokens) - 1: the suffix itself is not indexed yet
                 return list(tokens[end:min(end + k, len(tokens))])
         return []
+
+    def propose_after(self, tokens: Sequence[int], drafts: Sequence[int], k: int) -> list[int]:
+        """propose() for `tokens` followed by `drafts` not indexed (a proposal's continuation):
+        the suffix may end in the drafts; its earlier occurrence is looked up in what is
+        indexed, and what followed it is read from tokens + drafts. Call extend(tokens) first."""
+        return self.propose([*tokens, *drafts], k)

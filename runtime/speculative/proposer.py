@@ -16,8 +16,9 @@ past the computed tokens are never read before they are rewritten.
 
 With n-gram drafts on (EngineConfig.draft_ngram), a request whose last tokens occurred before gets
 the tokens that followed them (runtime.speculative.ngram) instead of the drafter's, up to k of
-them, or up to draft_ngram_tokens for a greedy request alone in its step; the draft head and steps
-2..k run only when some request has no such proposal. Step 1's forward runs as always
+them, or up to draft_ngram_tokens for a greedy request alone in its step (whose drafter drafts are
+also continued from the lookup where the text with them appended repeats); the draft head and
+steps 2..k run only when some request has no such proposal. Step 1's forward runs as always
 (the drafter's KV).
 
 A step that drafts nothing (more greedy requests than max_batch) runs the drafter only over prompt
@@ -136,9 +137,24 @@ class EagleProposer:
         if gated:  # keep each request's drafts while the chain's probability stays >= the gate
             kept = (torch.stack(chains, dim=1) >= self.min_confidence).sum(1).tolist()  # type: ignore[arg-type]
             proposals = [p[:n] for p, n in zip(proposals, kept, strict=True)]
+        longer = self.ngram and self._alone_and_greedy(out, rows.sampling)
         for i, proposal, lookup in zip(rows.sampling, proposals, looked_up, strict=True):
-            drafts[i] = lookup or proposal
+            drafts[i] = lookup or (self._continued(out, i, proposal, emitted) if longer
+                                   else proposal)
         return drafts
+
+    def _continued(self, out: SchedulerOutput, i: int, proposal: list[int],
+                   emitted: list[list[int] | None]) -> list[int]:
+        """The drafter's proposal for a greedy request alone in its step, continued from its
+        n-gram lookup where the text with the drafts appended repeats (up to ngram_tokens in
+        all): free drafts where verification's extra rows cost nothing (batch 1, k = 2, 8
+        prompts: 1.862 -> 1.895 tokens per step)."""
+        seq = out.scheduled[i].seq
+        if seq.ngram_index is None or len(proposal) >= self.ngram_tokens:
+            return proposal
+        tokens = seq.token_ids + (emitted[i] or [])
+        return proposal + seq.ngram_index.propose_after(tokens, proposal,
+                                                        self.ngram_tokens - len(proposal))
 
     def _ngram_drafts(self, out: SchedulerOutput, sampling: list[int],
                       emitted: list[list[int] | None]) -> list[list[int]]:

@@ -32,6 +32,17 @@ def test_the_docstring_example_and_the_longest_latest_match() -> None:
     assert proposal([1, 2, 3, 4], 3) == [] and proposal([1], 3) == [] and proposal([], 3) == []
 
 
+def test_a_proposal_continued_past_drafts_not_indexed() -> None:
+    index = NgramIndex()
+    tokens = [1, 2, 3, 4, 9, 1, 2]
+    index.extend(tokens)
+    # with the draft 3 appended, [1, 2, 3] occurred at 0..2: what followed it, then the rest
+    assert index.propose_after(tokens, [3], 3) == [4, 9, 1]
+    assert index.propose_after(tokens, [3], 8) == [4, 9, 1, 2, 3]  # up to the draft itself
+    assert index.propose_after(tokens, [7], 3) == []  # [2, 7] never occurred
+    assert index.propose_after(tokens, [], 2) == index.propose(tokens, 2) == [3, 4]
+
+
 def test_indexing_in_pieces_equals_indexing_at_once() -> None:
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 6, (300,), generator=g).tolist()
@@ -165,6 +176,17 @@ def test_a_greedy_request_alone_takes_longer_lookups_and_batched_ones_k(
     params = SamplingParams(max_tokens=100, ignore_eos=True)
     seen: list[tuple[int, int]] = []  # per step: (requests sampling, longest lookup)
     lookups = EagleProposer._ngram_drafts
+    continue_drafts = EagleProposer._continued
+    continued = [0]  # drafter proposals offered to a lookup's continuation (a random drafter's
+    # rarely continue: their unit test is test_a_proposal_continued_past_drafts_not_indexed)
+
+    def counted(self: EagleProposer, out: object, i: int, proposal: list[int],
+                emitted: object) -> list[int]:
+        longer = continue_drafts(self, out, i, proposal, emitted)  # type: ignore[arg-type]
+        assert longer[:len(proposal)] == proposal and len(longer) <= 6
+        continued[0] += 1
+        return longer
+    monkeypatch.setattr(EagleProposer, "_continued", counted)
 
     def logged(self: EagleProposer, out: object, sampling: list[int],
                emitted: object) -> list[list[int]]:
@@ -193,7 +215,7 @@ def test_a_greedy_request_alone_takes_longer_lookups_and_batched_ones_k(
         assert sum(c.accepted_per_position) == c.num_accepted
     beyond_k = sum(sum(c.accepted_per_position[2:]) for c in long.values())
     if max_num_seqs == 1:
-        assert not together and beyond_k > 0
+        assert not together and beyond_k > 0 and continued[0] > 0
     else:
         assert together  # four requests at once: most steps are shared
     seen.clear()
