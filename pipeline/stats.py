@@ -5,7 +5,8 @@ Definitions (speculative decoding):
   acceptance_rate           accepted / drafted
   mean_acceptance_length    tokens produced per verification step = 1 + accepted / draft_steps
                             (the accepted drafts plus the one token the target always adds)
-  per_position_acceptance   [accepted at draft position i / draft_steps for i in 0..k-1]
+  per_position_acceptance   [accepted at draft position i / draft_steps for i in 0..k-1], and
+                            further where long n-gram lookups (draft_ngram_tokens) were accepted
 All three are null (empty list) when nothing was drafted.
 """
 
