@@ -88,7 +88,9 @@ class FusedPanels:
     """Products of several panel Linears on the same input in one panel_linear call: their panels
     side by side in one tensor, whose slices become the parts' own panels (no extra memory).
     Every output column comes from the same chain as in its own product: the same bits, with one
-    call (and one split of the work among threads) instead of several. Not an nn.Module: it holds
+    call (and one split of the work among threads) instead of several. Each part's output is its
+    own contiguous tensor (at several rows, slices of one [rows, sum] product were not: q/k/v
+    copies, silu and mul on strided views). Not an nn.Module: it holds
     no parameters, and state_dict keeps the parts' names."""
 
     def __init__(self, parts: list[PrepackedLinear]) -> None:
@@ -111,9 +113,8 @@ class FusedPanels:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = x.numel() // self.in_features
         flat = x.reshape(n, self.in_features).contiguous()
-        out = torch.ops.eaglebatch.panel_linear(flat, self._packed, self.bias, self.out_features,
-                                                self._scales)
-        return out.split(self.splits, dim=-1)
+        return tuple(torch.ops.eaglebatch.panel_linear_parts(flat, self._packed, self.bias,
+                                                            self.splits, self._scales))
 
 
 def fuse_panels(parts: list[nn.Module]) -> FusedPanels | None:

@@ -3,7 +3,8 @@
 - paged_attention: attention for short queries read straight from the paged KV cache
   (runtime.attention.cpu_backend);
 - panel_linear: every float32 Linear product, on a panel-packed weight (float32 panels, or
-  bfloat16 ones for weights that are exactly bfloat16; runtime.cpu_gemm);
+  bfloat16 ones for weights that are exactly bfloat16; runtime.cpu_gemm); panel_linear_parts:
+  the same product with its columns in separate tensors (fused q/k/v, gate/up);
 - panel_entries: a few entries of a panel_linear product, the same bits (runtime.greedy_head);
 - argmax_rows: the greedy sampler's argmax; head_candidates: the exact greedy head's candidates;
 - rms_norm, rope: the decoder's norms and rotary embedding in one pass each (runtime.model,
@@ -26,8 +27,8 @@ from pathlib import Path
 import torch
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
-_OPS = ("paged_attention", "panel_linear", "panel_entries", "argmax_rows", "head_candidates",
-        "rms_norm", "rope", "write_kv")
+_OPS = ("paged_attention", "panel_linear", "panel_linear_parts", "panel_entries", "argmax_rows",
+        "head_candidates", "rms_norm", "rope", "write_kv")
 # -fopenmp: at::parallel_for only runs on several threads when the extension itself is compiled
 # with OpenMP (without it, every kernel ran on one thread whatever torch.set_num_threads said).
 # The link names libgomp.so.1, the soname torch's wheel ships and has already loaded, so the

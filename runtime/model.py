@@ -102,7 +102,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         n = x.shape[0]
         if self.qkv is not None and not torch.is_grad_enabled():
-            q, k, v = (t.contiguous() for t in self.qkv(x))
+            q, k, v = self.qkv(x)  # each contiguous
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(n, self.num_heads, self.head_dim)
@@ -135,9 +135,9 @@ class MLP(nn.Module):
         if torch.is_grad_enabled():  # training a drafter: autograd needs the temporaries
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         if self.gate_up is not None:
-            gate, up = self.gate_up(x)  # views of one product: silu in place, then a new tensor
-            return self.down_proj(F.silu(gate, inplace=True) * up)
-        gate, up = self.gate_proj(x), self.up_proj(x)
+            gate, up = self.gate_up(x)  # two contiguous parts of one product
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -130,9 +131,22 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
   }
 }
 
+// Where each panel's row 0 goes and its row stride: column 64p of a plain [rows, n] output, or,
+// with parts, the panel's first column within its part's own [rows, width] output.
+struct Destinations {
+  std::vector<float*> row0;
+  std::vector<int64_t> stride;
+};
+
+Destinations plain_destinations(float* y, int64_t n, int64_t num_panels) {
+  Destinations d{std::vector<float*>(num_panels), std::vector<int64_t>(num_panels, n)};
+  for (int64_t p = 0; p < num_panels; ++p) d.row0[p] = y + p * kPanel;
+  return d;
+}
+
 template <typename W>
-void run_panels(const float* xp, const W* wp, const float* sc, const float* b, float* yp,
-                int64_t rows, int64_t k, int64_t n, int64_t num_panels) {
+void run_panels(const float* xp, const W* wp, const float* sc, const float* b, int64_t rows,
+                int64_t k, int64_t n, int64_t num_panels, const Destinations& to) {
   const int64_t threads = at::get_num_threads();
   for (int64_t m0 = 0; m0 < rows; m0 += kChunk) {
     const int64_t m1 = std::min(rows, m0 + kChunk);
@@ -161,15 +175,16 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, f
             count > 1 && i + 1 < i1 && (i + 1) / groups != p ? panel + k * kPanel : nullptr;
         for (int64_t m = first; m < last; m += kMaxRows) {
           const float* xm = xp + m * k;
-          float* ym = yp + m * n + col;
+          const int64_t ld = to.stride[p];
+          float* ym = to.row0[p] + m * ld;
           const int64_t t = (m - first) / kMaxRows;
           switch (std::min(kMaxRows, last - m)) {
-            case 6: tile<6>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
-            case 5: tile<5>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
-            case 4: tile<4>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
-            case 3: tile<3>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
-            case 2: tile<2>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
-            default: tile<1>(xm, k, panel, sp, bp, ym, n, cols, next, t, count); break;
+            case 6: tile<6>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
+            case 5: tile<5>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
+            case 4: tile<4>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
+            case 3: tile<3>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
+            case 2: tile<2>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
+            default: tile<1>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
           }
         }
       }
@@ -185,14 +200,26 @@ const float* bias_data(const c10::optional<at::Tensor>& bias, int64_t n, const c
   return bias->data_ptr<float>();
 }
 
-at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contiguous
-                        const at::Tensor& panels,   // [ceil(N / 64), K, 64] float32, bf16 or int8
-                        const c10::optional<at::Tensor>& bias,  // [N] or None
-                        int64_t n,
-                        const c10::optional<at::Tensor>& scales) {  // [panels * 64]: int8 only
+// The panels' pointer cast for run_panels: float32, bfloat16 or int8 weights.
+void run_any(const at::Tensor& x, const at::Tensor& panels, const float* sc, const float* b,
+             int64_t n, const Destinations& to) {
+  const int64_t rows = x.size(0), k = x.size(1), num_panels = panels.size(0);
+  const float* xp = x.data_ptr<float>();
+  if (panels.scalar_type() == at::kBFloat16)
+    run_panels(xp, reinterpret_cast<const bf16_bits*>(panels.data_ptr()), sc, b, rows, k, n,
+               num_panels, to);
+  else if (panels.scalar_type() == at::kChar)
+    run_panels(xp, panels.data_ptr<int8_t>(), sc, b, rows, k, n, num_panels, to);
+  else
+    run_panels(xp, panels.data_ptr<float>(), sc, b, rows, k, n, num_panels, to);
+}
+
+// Checks x, panels and scales (the scales' data, or nullptr) for a product of n columns.
+const float* check_product(const at::Tensor& x, const at::Tensor& panels, int64_t n,
+                           const c10::optional<at::Tensor>& scales) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
               "panel_linear: x must be a contiguous 2-d float32 tensor");
-  const int64_t rows = x.size(0), k = x.size(1), num_panels = panels.size(0);
+  const int64_t k = x.size(1), num_panels = panels.size(0);
   const auto type = panels.scalar_type();
   TORCH_CHECK(panels.is_contiguous() &&
               (type == at::kFloat || type == at::kBFloat16 || type == at::kChar) &&
@@ -203,25 +230,55 @@ at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contig
   const bool scaled = scales.has_value() && scales->defined();
   TORCH_CHECK(scaled == (type == at::kChar),
               "panel_linear: int8 panels need scales, and only int8 panels take them");
-  const float* sc = nullptr;
-  if (scaled) {
-    TORCH_CHECK(scales->is_contiguous() && scales->scalar_type() == at::kFloat &&
-                scales->numel() == num_panels * kPanel,
-                "panel_linear: scales must be [panels * 64] float32");
-    sc = scales->data_ptr<float>();
-  }
+  if (!scaled) return nullptr;
+  TORCH_CHECK(scales->is_contiguous() && scales->scalar_type() == at::kFloat &&
+              scales->numel() == num_panels * kPanel,
+              "panel_linear: scales must be [panels * 64] float32");
+  return scales->data_ptr<float>();
+}
+
+at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contiguous
+                        const at::Tensor& panels,   // [ceil(N / 64), K, 64] float32, bf16 or int8
+                        const c10::optional<at::Tensor>& bias,  // [N] or None
+                        int64_t n,
+                        const c10::optional<at::Tensor>& scales) {  // [panels * 64]: int8 only
+  const float* sc = check_product(x, panels, n, scales);
   const float* b = bias_data(bias, n, "panel_linear");
-  at::Tensor y = at::empty({rows, n}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  if (type == at::kBFloat16)
-    run_panels(xp, reinterpret_cast<const bf16_bits*>(panels.data_ptr()), sc, b, yp, rows, k, n,
-               num_panels);
-  else if (type == at::kChar)
-    run_panels(xp, panels.data_ptr<int8_t>(), sc, b, yp, rows, k, n, num_panels);
-  else
-    run_panels(xp, panels.data_ptr<float>(), sc, b, yp, rows, k, n, num_panels);
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  run_any(x, panels, sc, b, n, plain_destinations(y.data_ptr<float>(), n, panels.size(0)));
   return y;
+}
+
+// panel_linear's product, its columns returned as separate [rows, width] tensors, one per part
+// (whole panels each, but the last): q, k and v of a fused product, or gate and up, each
+// contiguous at any row count. The same values as panel_linear's columns.
+std::vector<at::Tensor> panel_linear_parts(const at::Tensor& x, const at::Tensor& panels,
+                                           const c10::optional<at::Tensor>& bias,
+                                           at::IntArrayRef parts,
+                                           const c10::optional<at::Tensor>& scales) {
+  int64_t n = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    TORCH_CHECK(parts[i] > 0 && (i + 1 == parts.size() || parts[i] % kPanel == 0),
+                "panel_linear_parts: parts must be whole panels (multiples of 64), but the last");
+    n += parts[i];
+  }
+  const float* sc = check_product(x, panels, n, scales);
+  const float* b = bias_data(bias, n, "panel_linear_parts");
+  const int64_t rows = x.size(0);
+  std::vector<at::Tensor> out;
+  Destinations to{std::vector<float*>(panels.size(0)), std::vector<int64_t>(panels.size(0))};
+  int64_t start = 0;
+  for (const int64_t width : parts) {
+    out.push_back(at::empty({rows, width}, x.options()));
+    float* y = out.back().data_ptr<float>();
+    for (int64_t col = start; col < start + width; col += kPanel) {
+      to.row0[col / kPanel] = y + (col - start);
+      to.stride[col / kPanel] = width;
+    }
+    start += width;
+  }
+  run_any(x, panels, sc, b, n, to);
+  return out;
 }
 
 // y[r_i, c_i] for a few (row, column) pairs only, with panel_linear's arithmetic (the same FMA
@@ -277,11 +334,14 @@ at::Tensor panel_entries(const at::Tensor& x, const at::Tensor& panels,
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
   m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n, Tensor? scales=None) "
         "-> Tensor");
+  m.def("panel_linear_parts(Tensor x, Tensor panels, Tensor? bias, int[] parts, "
+        "Tensor? scales=None) -> Tensor[]");
   m.def("panel_entries(Tensor x, Tensor panels, Tensor? bias, int n, Tensor row_ids, "
         "Tensor col_ids) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {
   m.impl("panel_linear", &panel_linear);
+  m.impl("panel_linear_parts", &panel_linear_parts);
   m.impl("panel_entries", &panel_entries);
 }

@@ -246,6 +246,11 @@ def test_fused_panels_give_each_part_its_own_bits(kind: str) -> None:
     fused = fuse_panels(parts)
     assert fused is not None and fused.splits == [128, 64, 64]
     assert all(torch.equal(a, b) for a, b in zip(alone, fused(x), strict=True))
+    for rows in (1, 3, 37):  # each part its own contiguous tensor: no copies before attention
+        outputs = fused(x[:rows])
+        assert [tuple(o.shape) for o in outputs] == [(rows, 128), (rows, 64), (rows, 64)]
+        assert all(o.is_contiguous() for o in outputs)
+        assert all(torch.equal(a[:rows], o) for a, o in zip(alone, outputs, strict=True))
     # the parts now read slices of the joined panels: no second copy, the same results
     assert all(part._packed.data_ptr() >= fused._packed.data_ptr() for part in parts)
     assert all(torch.equal(a, part(x)) for a, part in zip(alone, parts, strict=True))
@@ -257,3 +262,20 @@ def test_panels_that_cannot_share_a_call_are_not_fused() -> None:
     assert fuse_panels([whole, ragged]) is None
     assert fuse_panels([whole, prepack(nn.Linear(96, 64, bias=False))]) is None  # bias mismatch
     assert fuse_panels([whole, nn.Linear(96, 64)]) is None  # not packed
+
+
+def test_panel_linear_parts_are_the_columns_of_panel_linear() -> None:
+    """The parts (whole panels but the last, which may be ragged) hold panel_linear's columns,
+    bit for bit; parts that split a panel or do not add up to the panels are refused."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    torch.manual_seed(5)
+    weight, bias = torch.randn(200, 96), torch.randn(200)
+    panels, x = pack_panels(weight), torch.randn(9, 96)
+    whole = torch.ops.eaglebatch.panel_linear(x, panels, bias, 200)
+    parts = torch.ops.eaglebatch.panel_linear_parts(x, panels, bias, [64, 64, 72])
+    assert [tuple(p.shape) for p in parts] == [(9, 64), (9, 64), (9, 72)]
+    assert torch.equal(torch.cat(parts, dim=1), whole)
+    with pytest.raises(RuntimeError, match="whole panels"):
+        torch.ops.eaglebatch.panel_linear_parts(x, panels, bias, [100, 100])
+    with pytest.raises(RuntimeError, match="panels must be"):
+        torch.ops.eaglebatch.panel_linear_parts(x, panels, bias, [64, 64])
