@@ -61,7 +61,9 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False) -> None:
     after the weights are loaded and cast. `module.lm_head`, if any, is packed as the head.
     int8: float32 weights get int8 panels (their products change: only for a drafter).
     Then every submodule with a `fuse_for_cpu` method (attention's q/k/v, the MLP's gate/up)
-    gets to join its products on one input into one call (FusedPanels)."""
+    gets to join its products on one input into one call (FusedPanels), and every one with a
+    `plan_for_cpu` method (a decoder layer) gets its kernels as one flat call
+    (runtime.cpu_layer)."""
     transpose_linear_weights(module)
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
@@ -73,6 +75,10 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False) -> None:
         if callable(fuse):
             fuse()
             _return_freed_memory()  # the parts' own panels were just freed
+    for sub in list(module.modules()):  # then layers whose products are all panels: one plan
+        plan = getattr(sub, "plan_for_cpu", None)
+        if callable(plan):
+            plan()
 
 
 def _return_freed_memory() -> None:

@@ -18,6 +18,7 @@ from transformers import PretrainedConfig
 from runtime.attention import AttentionBackend, AttentionMetadata, make_backend
 from runtime.cpu_gemm import FusedPanels, fuse_panels
 from runtime.cpu_kernels import kernels_apply
+from runtime.cpu_layer import CpuLayerPlan
 from runtime.rope import RotaryEmbedding
 
 # The Hugging Face model types CausalLM implements (checkpoint directories and GGUF files alike).
@@ -155,6 +156,12 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, layer_name, backend_name, sliding_window, input_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = MLP(config)
+        self.cpu_plan: CpuLayerPlan | None = None  # set by plan_for_cpu
+
+    def plan_for_cpu(self) -> None:
+        """The layer's kernels as one flat call (runtime.cpu_layer; lay_out_for_cpu calls this
+        after the products are packed and fused)."""
+        self.cpu_plan = CpuLayerPlan.build(self)
 
     def forward(
         self,
@@ -166,6 +173,8 @@ class DecoderLayer(nn.Module):
         attn_metadata: Mapping[str, AttentionMetadata],
     ) -> torch.Tensor:  # [num_tokens, hidden_size], the residual stream after this layer
         name = self.self_attn.layer_name
+        if self.cpu_plan is not None and self.cpu_plan.applies(x, positions, rope):
+            return self.cpu_plan(x, residual, positions, rope, kv_caches[name], attn_metadata[name])
         h = residual + self.self_attn(self.input_layernorm(x), positions, rope, kv_caches[name],
                                       attn_metadata[name])
         return h + self.mlp(self.post_attention_layernorm(h))

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from runtime.attention import build_attention_metadata
 from runtime.config import EngineConfig
 from runtime.cpu_kernels import load_cpu_kernels
+from runtime.cpu_layer import CpuLayerPlan
 from runtime.kv.cache import compute_slot_mapping
 from runtime.loader import load_model_config, load_state_dict
 from runtime.model import CausalLM, head_dim_of
@@ -73,15 +74,19 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     options = dict(CASES[case])
     window = options.pop("sliding_window", None)
     model_dir = make_tiny_checkpoint(tmp_path_factory.mktemp(case), **options)
+    _set_window(model_dir, window)
+    reference = _perturbed_reference(model_dir)
+    ours = CausalLM(load_model_config(model_dir), backend, MAX_POSITIONS)
+    ours.load_weights(load_state_dict(model_dir, torch.float32))
+    return Pair(ours.eval(), reference, model_dir, backend)
+
+
+def _set_window(model_dir: Path, window: int | None) -> None:
     if window is not None:
         config_file = model_dir / "config.json"
         config = json.loads(config_file.read_text())
         config["sliding_window"] = window
         config_file.write_text(json.dumps(config))
-    reference = _perturbed_reference(model_dir)
-    ours = CausalLM(load_model_config(model_dir), backend, MAX_POSITIONS)
-    ours.load_weights(load_state_dict(model_dir, torch.float32))
-    return Pair(ours.eval(), reference, model_dir, backend)
 
 
 def _perturbed_reference(model_dir: Path) -> PreTrainedModel:
@@ -232,3 +237,50 @@ def test_decode_logits_do_not_depend_on_batch_or_verification(pair: Pair) -> Non
         assert torch.equal(got, torch.cat(want))
     else:
         _assert_close(got, torch.cat(want))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cpu_layer_plans_give_the_modules_bits(case: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With widths in whole panels (q/k/v and gate/up fused) every layer gets a CpuLayerPlan
+    (runtime.cpu_layer) on the engine's CPU layout; prefill, decode and a verification next to
+    other requests give the same bits with the plans as through the modules, and stay close to
+    transformers."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    options = dict(CASES[case])
+    window = options.pop("sliding_window", None)
+    model_dir = make_tiny_checkpoint(tmp_path, hidden_size=128, num_heads=4, num_kv_heads=2,
+                                     intermediate_size=128, **options)
+    _set_window(model_dir, window)
+    reference = _perturbed_reference(model_dir)
+    placement = place(EngineConfig(model=str(model_dir), device="cpu", dtype="float32",
+                                   block_size=BLOCK_SIZE, attention_backend="cpu"))
+    model = build_model(model_dir, load_model_config(model_dir), placement, MAX_POSITIONS)
+    layers = list(model.model.layers)
+    plans = [layer.cpu_plan for layer in layers]
+    assert all(plan is not None for plan in plans)
+    seq, other, third = _tokens(10, 23), _tokens(11, 21), _tokens(12, 7)
+    calls = [0]
+    plan_call = CpuLayerPlan.__call__
+
+    def counted(self: CpuLayerPlan, *args: Any) -> torch.Tensor:
+        calls[0] += 1
+        return plan_call(self, *args)
+
+    monkeypatch.setattr(CpuLayerPlan, "__call__", counted)
+
+    def run() -> torch.Tensor:
+        cache = PagedCache(model)
+        prefill = cache.forward(Feed(seq, 0, 18, TABLE_A), Feed(other, 0, 20, TABLE_B))
+        decode = cache.forward(Feed(other, 20, 1, TABLE_B))
+        verify = cache.forward(Feed(third, 0, 7, TABLE_C), Feed(seq, 18, 4, TABLE_A))
+        return torch.cat([prefill, decode, verify])
+
+    planned = run()
+    assert calls[0] == 3 * len(layers)  # every layer of every pass ran its plan
+    for layer in layers:
+        layer.cpu_plan = None
+    modules = run()
+    assert calls[0] == 3 * len(layers)
+    assert torch.equal(planned, modules)
+    _assert_close(planned[:18], _reference_logits(reference, seq[:18]))
