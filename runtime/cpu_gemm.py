@@ -96,8 +96,8 @@ class FusedPanels:
     Every output column comes from the same chain as in its own product: the same bits, with one
     call (and one split of the work among threads) instead of several. Each part's output is its
     own contiguous tensor (at several rows, slices of one [rows, sum] product were not: q/k/v
-    copies, silu and mul on strided views). Not an nn.Module: it holds
-    no parameters, and state_dict keeps the parts' names."""
+    copies, silu and mul on strided views). Not an nn.Module: it holds no parameters, and
+    state_dict keeps the parts' names."""
 
     def __init__(self, parts: list[PrepackedLinear]) -> None:
         self.in_features = parts[0].in_features

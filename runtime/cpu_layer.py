@@ -2,10 +2,12 @@
 
 The modules of runtime.model read well but cost Python on every call: module dispatch, attribute
 lookups, each kernel's argument checks. At batch 1 a decode step of a 30-layer model with tiny
-widths (so that arithmetic costs nothing) took 4.8 ms, about a third of the default model's step.
-CpuLayerPlan keeps what one layer's kernels read (fused panels, norm weights, the attention
-backend) in plain attributes, checks once per layer what the kernels need, and runs the same
-kernels in the same order as the modules: the same bits, with less Python around them.
+widths (so that arithmetic costs almost nothing) took 4.8 ms, about a third of the default
+model's step. CpuLayerPlan keeps what one layer's kernels read (fused panels, norm weights, the
+attention backend) in plain attributes, checks once per layer what the kernels need, and runs the
+same kernels in the same order as the modules: the same bits, with less Python around them. The
+default model's forward at one row, replayed alternately with and without plans: 18.25 -> 16.78
+ms (the drafter's: 0.49 -> 0.39 ms).
 
 A layer gets a plan (runtime.cpu_gemm.lay_out_for_cpu) when every product of it runs on panels
 (q/k/v and gate/up fused) and the C++ kernels are loaded; otherwise, and whenever autograd is on
