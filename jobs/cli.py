@@ -74,8 +74,8 @@ def main() -> None:
               type=click.IntRange(0),
               help="With --draft-ngram, a greedy request alone in its step may take up to this "
                    "many lookup drafts, more than --num-speculative-tokens (its verification "
-                   "reads the weights for one row either way, so extra rows cost it almost "
-                   "nothing); 0 or at most k: k. Outputs are the same either way.")
+                   "reads the weights once for a few rows: on the CPU up to 4 rows cost it "
+                   "almost nothing); 0 or at most k: k. Outputs are the same either way.")
 @click.option("--draft-int8/--no-draft-int8", default=True, show_default=True,
               help="On the CPU, run the drafter on int8 copies of its weights (one scale per "
                    "output): a draft step reads a quarter of the bytes of float32. Drafts may "

@@ -61,9 +61,12 @@ CLI_DRAFT_CONFIDENCE = 0.15
 # 2-core CPU, k = 2 gains 1.30x at batch 1 and 1.07x at 4, but loses at 8 (0.98x), 16 (0.88x)
 # and 64 (0.74x)
 CLI_DRAFT_MAX_BATCH = 4
-# `eaglebatch generate` and `bench` default for EngineConfig.draft_ngram_tokens (batch 1, 2 threads,
-# k = 2, 8 prompts: 1.74 tokens per step with lookups of up to k, 1.84 up to 4, 1.86 up to 6)
-CLI_DRAFT_NGRAM_TOKENS = 6
+# `eaglebatch generate` and `bench` default for EngineConfig.draft_ngram_tokens. Batch 1, 2 threads,
+# k = 2, 8 prompts: 1.74 tokens per step with lookups of up to k, 1.84 up to 4, 1.86 up to 6; but
+# verifying 5 or more rows costs more (panel_linear's tiles of 5-6 rows stream memory slower than
+# those of up to 4; 16 prompts, request by request: 5-row steps +1.3 ms, 7-row steps +1.8 ms over
+# 3 rows), and up to 3 (4 rows) gave the most tokens/s: 87.7 against 84.0 (6) and 85.5 (k))
+CLI_DRAFT_NGRAM_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -91,9 +94,9 @@ class EngineConfig:
         the (up to k) tokens that followed them instead of the drafter's drafts
         (runtime.speculative.ngram). Greedy outputs are the same either way.
     draft_ngram_tokens: with draft_ngram, a greedy request that samples alone in its step may
-        draft up to this many tokens from its lookup, more than k (verifying extra rows costs
-        such a step almost nothing; the drafter still drafts k). 0, or at most k: k. The engine
-        then verifies up to draft_width tokens per request and step.
+        draft up to this many tokens from its lookup, more than k (verifying up to 4 rows costs
+        such a step almost nothing on the CPU; the drafter still drafts k). 0, or at most k: k.
+        The engine then verifies up to draft_width tokens per request and step.
     """
 
     model: str = DEFAULT_MODEL

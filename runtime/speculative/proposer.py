@@ -160,8 +160,9 @@ class EagleProposer:
                       emitted: list[list[int] | None]) -> list[list[int]]:
         """Per sampling request: its n-gram lookup proposal ([] for none, or n-gram drafts off):
         up to k tokens, or up to ngram_tokens for a greedy request alone in its step (its
-        verification reads the weights for one row either way: batch 1, 2 threads, 8 prompts,
-        k = 2: 1.74 -> 1.86 tokens per step with lookups of up to 6, 1.48x -> 1.59x)."""
+        verification reads the weights once for up to a few rows: batch 1, 2 threads, 8 prompts,
+        k = 2: 1.74 -> 1.86 tokens per step with lookups of up to 6; see CLI_DRAFT_NGRAM_TOKENS
+        for why the default is 3)."""
         if not self.ngram:
             return [[] for _ in sampling]
         longest = self.ngram_tokens if self._alone_and_greedy(out, sampling) else self.k
