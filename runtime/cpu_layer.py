@@ -11,7 +11,9 @@ ms (the drafter's: 0.49 -> 0.39 ms).
 
 A layer gets a plan (runtime.cpu_gemm.lay_out_for_cpu) when every product of it runs on panels
 (q/k/v and gate/up fused) and the C++ kernels are loaded; otherwise, and whenever autograd is on
-or the input is not contiguous float32, the modules run as before.
+or the input is not contiguous float32, the modules run as before. The modules stay the
+reference: a change to their arithmetic must be made here too (tests/runtime/test_model.py holds
+the plans to the modules' bits on every supported architecture).
 """
 
 from __future__ import annotations
