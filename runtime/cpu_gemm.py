@@ -41,6 +41,7 @@ F.linear on a probe, the Linear stays plain.
 from __future__ import annotations
 
 import ctypes
+from typing import TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -127,8 +128,7 @@ def fuse_panels(parts: list[nn.Module]) -> FusedPanels | None:
     """FusedPanels of `parts` when they can share a call: all panel products of every row count
     on the same input width, outputs in whole panels, the same panel dtype, all with or all
     without bias and scales; else None."""
-    if not all(isinstance(p, PrepackedLinear) and p.kernel == "panel" and p.rows == PANEL_ROWS
-               and p.out_features % PANEL == 0 for p in parts):
+    if not all(runs_on_panels(p) and p.out_features % PANEL == 0 for p in parts):
         return None
     linears = [p for p in parts if isinstance(p, PrepackedLinear)]
     first = linears[0]
@@ -137,6 +137,12 @@ def fuse_panels(parts: list[nn.Module]) -> FusedPanels | None:
            or (p._scales is None) != (first._scales is None) for p in linears):
         return None
     return FusedPanels(linears)
+
+
+def runs_on_panels(module: nn.Module) -> TypeGuard[PrepackedLinear]:
+    """A PrepackedLinear whose products of every row count run on panel_linear."""
+    return (isinstance(module, PrepackedLinear) and module.kernel == "panel"
+            and module.rows == PANEL_ROWS)
 
 
 def transpose_linear_weights(module: nn.Module) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from runtime.cpu_gemm import PANEL_ROWS, FusedPanels, PrepackedLinear
+from runtime.cpu_gemm import FusedPanels, PrepackedLinear, runs_on_panels
 from runtime.cpu_kernels import load_cpu_kernels
 
 if TYPE_CHECKING:
@@ -58,8 +58,7 @@ class CpuLayerPlan:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.o_proj, mlp.down_proj)
         if (not load_cpu_kernels() or attn.qkv is None or mlp.gate_up is None
-                or not all(isinstance(p, PrepackedLinear) and p.kernel == "panel"
-                           and p.rows == PANEL_ROWS for p in linears)):
+                or not all(runs_on_panels(p) for p in linears)):
             return None
         norms: list[torch.nn.Module] = [layer.post_attention_layernorm]
         if not isinstance(layer.input_layernorm, torch.nn.Identity):
