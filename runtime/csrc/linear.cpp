@@ -39,7 +39,7 @@ constexpr int64_t kPanel = 64;   // output columns per panel
 constexpr int64_t kMaxRows = 6;  // rows per register tile (6 x 4 accumulators of 16 floats)
 constexpr int64_t kChunk = 96;   // rows per pass over the panels
 constexpr int64_t kAhead = 8;    // panel rows prefetched ahead (one 256-byte row per input)
-constexpr int64_t kFarBytes = 16384;  // and bytes fetched into L2 ahead by tiles of 5-6 rows
+constexpr int64_t kFarBytes = 16384;  // and bytes fetched into L2 ahead (see tile)
 
 using bf16_bits = uint16_t;  // a bfloat16 value: the high 16 bits of a float32
 
@@ -71,9 +71,11 @@ inline __m512 load16(const int8_t* w) {
 // compute, each a share of its rows (see run_panels), so its tiles then read it from L2, bound by
 // arithmetic, while memory streams the panel after it (16 rows: 31.7 -> 24.0 ms for the 30
 // layers of the default model on 2 cores). A single tile (1-6 rows) streams its own panel from
-// memory: at 1-4 rows the loop is short enough that the out-of-order core keeps many lines in
-// flight besides the near prefetch; at 5-6 rows it is not (a 5-row product took ~30% longer than
-// a 4-row one, reading the same bytes), so those tiles also fetch kFarBytes ahead into L2.
+// memory and also fetches kFarBytes ahead into L2, besides the near prefetch: without it a
+// 5-row product took ~30% longer than a 4-row one (AMD EPYC), and on a Xeon 3 / 4 rows took
+// 1.0 / 2.2 ms longer than 1 row for the 30 layers (20.4 / 21.6 ms against 19.4; with it 19.5 /
+// 19.5, 1 row unchanged: what verifying 2-3 drafts at batch 1 costs). Tiles of several-tile
+// passes below 5 rows do not (their panel is in L2 already: +1 ms at 8-16 rows when they did).
 template <int Rows, typename W>
 void tile(const float* x, int64_t k, const W* panel, const float* scale, const float* bias,
           float* y, int64_t ldy, int64_t cols, const W* next, int64_t phase, int64_t every) {
@@ -83,6 +85,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
   constexpr int64_t ahead = kAhead * 4 / lines;        // the same bytes ahead for either type
   constexpr int64_t far = kFarBytes / (64 * lines);    // panel rows in kFarBytes
   int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
+  const bool fetch_far = Rows >= 5 || every == 1;  // a single tile, or 5-6 rows
   __m512 acc[Rows][4];
   for (int m = 0; m < Rows; ++m)
     for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
@@ -90,7 +93,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
     const W* w = panel + c * kPanel;
     for (int64_t line = 0; line < lines; ++line)
       _mm_prefetch(reinterpret_cast<const char*>(w + ahead * kPanel) + 64 * line, _MM_HINT_T0);
-    if constexpr (Rows >= 5)
+    if (fetch_far)
       for (int64_t line = 0; line < lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(w + far * kPanel) + 64 * line, _MM_HINT_T1);
     if (next != nullptr && --countdown == 0) {
