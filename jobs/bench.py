@@ -49,9 +49,9 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="Comma-separated draft tokens per step; 0 is the engine without drafter.")
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
               type=click.FloatRange(0, 1, max_open=True),
-              help="As in `generate`: drafts are cut where the drafter's probability of the "
-                   "drafts so far falls below this (not while a greedy request runs alone); 0 "
-                   "always drafts k.")
+              help="As in `generate`: drafts are cut, and drafting stops, where the drafter's "
+                   "probability of the drafts so far falls below this (a greedy request alone "
+                   "still verifies the draft that fell below); 0 always drafts k.")
 @click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
               help="As in `generate`: n-gram lookup drafts where the text repeats.")
 @click.option("--draft-ngram-tokens", default=CLI_DRAFT_NGRAM_TOKENS, show_default=True,

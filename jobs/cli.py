@@ -55,9 +55,11 @@ def main() -> None:
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
               type=click.FloatRange(0, 1, max_open=True),
               help="Cut a request's drafts where the drafter's probability of the drafts so far "
-                   "falls below this, so less is spent verifying likely rejects; 0 always drafts "
-                   "--num-speculative-tokens. Not applied while a greedy request runs alone (its "
-                   "extra rows cost almost nothing). Greedy outputs are the same either way.")
+                   "falls below this, so less is spent verifying likely rejects, and stop "
+                   "drafting once every request's has; 0 always drafts --num-speculative-tokens. "
+                   "A greedy request alone in its step still verifies the draft that fell below "
+                   "(its extra rows cost almost nothing), but no more are drafted after it. "
+                   "Greedy outputs are the same either way.")
 @click.option("--draft-max-batch", default=CLI_DRAFT_MAX_BATCH, show_default=True,
               type=click.IntRange(0),
               help="Greedy requests get no drafts in steps with more than this many requests "

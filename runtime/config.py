@@ -78,9 +78,10 @@ class EngineConfig:
     kv_cache_memory: bytes for the KV cache; None = a default (CPU: 1 GiB, GPU: 80% of free memory).
     draft_confidence: a request's drafts stop at the first one where the drafter's probability of
         the drafts so far (the product over them) falls below this, so verification spends less on
-        drafts that would likely be rejected; 0 keeps all k. Not applied in a step where one
-        greedy request samples alone (extra rows cost it almost nothing). Outputs are the same
-        either way.
+        drafts that would likely be rejected, and the draft steps end once every request's has;
+        0 keeps all k. In a step where one greedy request samples alone that last draft is
+        verified too (extra rows cost it almost nothing; another draft step does cost: batch 1,
+        2 threads, k = 3: 1.50x -> 1.55x). Outputs are the same either way.
     draft_max_batch: greedy requests get no drafts in a step with more than this many requests
         sampling (where verifying drafts costs more than it saves); None drafts at any batch.
         Such steps do not run the drafter at all: the target features of their positions are
