@@ -8,6 +8,7 @@ import torch
 from transformers import PretrainedConfig
 
 from runtime.config import EngineConfig
+from runtime.cpu_gemm import keep_step_buffers
 from runtime.kv.manager import KVCacheManager
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, resolve_model
 from runtime.model import CausalLM
@@ -42,6 +43,8 @@ class Engine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)  # process-wide, like OMP_NUM_THREADS
         self.placement = p = place(config)
+        if p.device.type == "cpu":
+            keep_step_buffers()
         model_dir = resolve_model(config.model)
         self.model_name = config.model
         self.hf_config = load_model_config(model_dir)
