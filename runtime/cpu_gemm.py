@@ -100,7 +100,7 @@ def keep_step_buffers() -> None:
     """Has glibc serve allocations of up to 256 MiB from its heap instead of a fresh mmap each.
     A step's temporaries (a 64-row step: about 1 MB per product output; logits and prefill
     chunks: tens of MB) are freed and allocated again every step; as separate mappings each
-    comes back from the kernel as newly zeroed pages. Batch 64, 2 threads: 451-457 -> 480-488
+    comes back from the kernel as newly zeroed pages. Batch 64, 2 threads: 451-457 -> 471-485
     tokens/s (a smaller threshold, 32 MiB, did not help). Process-wide; a no-op without glibc."""
     try:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, STEP_BUFFER_BYTES)
