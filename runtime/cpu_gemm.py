@@ -82,13 +82,18 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False) -> None:
             plan()
 
 
+def _call_glibc(name: str, *args: int) -> None:
+    """Calls glibc's malloc tuning function `name`; a no-op where there is no glibc."""
+    try:
+        getattr(ctypes.CDLL("libc.so.6"), name)(*args)
+    except (OSError, AttributeError):
+        pass
+
+
 def _return_freed_memory() -> None:
     """Hands memory freed inside glibc's heap back to the system (malloc_trim), so that the
     panels a fusion replaces do not stay in the process's RSS. A no-op without glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    _call_glibc("malloc_trim", 0)
 
 
 # glibc's mallopt parameter and the value keep_step_buffers sets
@@ -102,10 +107,7 @@ def keep_step_buffers() -> None:
     chunks: tens of MB) are freed and allocated again every step; as separate mappings each
     comes back from the kernel as newly zeroed pages. Batch 64, 2 threads: 451-457 -> 471-485
     tokens/s (a smaller threshold, 32 MiB, did not help). Process-wide; a no-op without glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, STEP_BUFFER_BYTES)
-    except (OSError, AttributeError):
-        pass
+    _call_glibc("mallopt", _M_MMAP_THRESHOLD, STEP_BUFFER_BYTES)
 
 
 class FusedPanels:
