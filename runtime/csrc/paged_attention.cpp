@@ -404,11 +404,12 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
           const int64_t lines = 2 * row_lines * next;
           const int64_t n = std::min<int64_t>(kLanes, span - c0);
           for (int64_t a = 0; a < nq; ++a) {
-            // lines [l0, l1) of the next keys' rows: K row r's lines, then its V row's
+            // lines [l0, l1) of the next keys' rows: K row r's lines, then its V row's; stepped
+            // through without a division per line (that cost more than the arithmetic)
             const int64_t l0 = lines * a / nq, l1 = lines * (a + 1) / nq;
             int64_t r = c0 + kLanes + l0 / (2 * row_lines), line = l0 % (2 * row_lines);
-            for (int64_t l = l0; l < l1; ++l) {  // no division per line: it cost more than
-              const float* row = line < row_lines ? k_rows[r] : v_rows[r];  // the arithmetic
+            for (int64_t l = l0; l < l1; ++l) {
+              const float* row = line < row_lines ? k_rows[r] : v_rows[r];
               __builtin_prefetch(row + 16 * (line < row_lines ? line : line - row_lines), 0, 2);
               if (++line == 2 * row_lines) line = 0, ++r;
             }
