@@ -46,7 +46,7 @@ bench() {  # bench NAME SECONDS ARGS...: one `eaglebatch bench`, its report tarr
   [ -d "/tmp/reports/$name" ] && tar -C /tmp/reports -czf "$OUT/$name.tgz" "$name"
 }
 
-[ "$DEVICE" = cuda ] && step "pytest -m gpu" 120 $PY -m pytest -m gpu -q -p no:cacheprovider tests/pipeline/bench/test_bench_gpu.py
+[ "$DEVICE" = cuda ] && [ "${EB_PYTEST:-1}" = 1 ] && step "pytest -m gpu" 120 $PY -m pytest -m gpu -q -p no:cacheprovider tests/pipeline/bench/test_bench_gpu.py
 bench drafter-batch1 180 --batch-sizes 1 --k 0,2,3 --num-prompts "$B1_N" --max-tokens "$TOK" \
   --repeats "$REP"
 bench batch16-64 180 --batch-sizes "$BS" --k 0,2 --num-prompts "$BIG_N" --max-tokens "$TOK" \
