@@ -205,7 +205,6 @@ class CausalLM(nn.Module):
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
-        self.head_float32: torch.Tensor | None = None  # see keep_float32_head
 
     @property
     def layer_names(self) -> list[str]:
@@ -235,20 +234,7 @@ class CausalLM(nn.Module):
         return weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
-        if self.head_float32 is not None:
-            bias = getattr(self.lm_head, "bias", None)
-            return F.linear(hidden.float(), self.head_float32,
-                            None if bias is None else bias.float())
         return self.lm_head(hidden)
-
-    def keep_float32_head(self) -> None:
-        """From now on compute logits in float32, from a float32 copy of the head's weight.
-
-        For 16-bit models on CUDA: 16-bit logits keep 8 (bfloat16) or 11 (float16) bits, so the
-        top two often round to the same value, and which one wins then hangs on roundings that
-        change with the batch's shape (a verification step against a plain one). In float32 the
-        greedy token is decided by the hidden state alone."""
-        self.head_float32 = self.head_weight.detach().float()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copies a Hugging Face state dict in; a name the model lacks is an error."""

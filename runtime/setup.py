@@ -62,15 +62,7 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     model = model.to(p.dtype).eval()
     if p.device.type == "cpu":
         lay_out_for_cpu(model)
-    if wants_float32_head(p):
-        model.keep_float32_head()
     return model
-
-
-def wants_float32_head(p: Placement) -> bool:
-    """16-bit models on CUDA compute logits in float32 (CausalLM.keep_float32_head says why).
-    On the CPU the head's products give the same bits for any number of rows already."""
-    return p.device.type == "cuda" and p.dtype != torch.float32
 
 
 def attention_specs(hf_config: PretrainedConfig, names: list[str], block_size: int,

@@ -284,26 +284,3 @@ def test_cpu_layer_plans_give_the_modules_bits(case: str, tmp_path: Path,
     assert calls[0] == 3 * len(layers)
     assert torch.equal(planned, modules)
     _assert_close(planned[:18], _reference_logits(reference, seq[:18]))
-
-
-def test_16_bit_models_on_cuda_compute_logits_in_float32(tmp_path: Path) -> None:
-    """bfloat16 logits tie often (8 bits), so on CUDA the head runs on a float32 copy: the
-    logits are the float32 product of the 16-bit hidden state and the 16-bit weights, exactly."""
-    from runtime.setup import Placement, wants_float32_head
-
-    assert wants_float32_head(Placement(torch.device("cuda"), torch.bfloat16, "torch", 16))
-    assert wants_float32_head(Placement(torch.device("cuda"), torch.float16, "torch", 16))
-    assert not wants_float32_head(Placement(torch.device("cuda"), torch.float32, "torch", 16))
-    assert not wants_float32_head(Placement(torch.device("cpu"), torch.bfloat16, "cpu", 16))
-
-    config = load_model_config(make_tiny_checkpoint(tmp_path / "ckpt"))
-    model = CausalLM(config, "torch", MAX_POSITIONS).to(torch.bfloat16)
-    hidden = torch.randn(5, config.hidden_size, generator=torch.Generator().manual_seed(0))
-    hidden = hidden.bfloat16()
-    assert model.compute_logits(hidden).dtype == torch.bfloat16
-    model.keep_float32_head()
-    logits = model.compute_logits(hidden)
-    want = hidden.float() @ model.head_weight.float().t()
-    assert logits.dtype == torch.float32
-    assert torch.equal(logits, want)
-    assert not torch.equal(logits.bfloat16().float(), logits)  # bfloat16 would have rounded
