@@ -124,3 +124,26 @@ def test_16_bit_kernel_gives_the_float32_result_on_the_widened_inputs_rounded_on
             assert torch.equal(got[rows], want[rows].to(dtype)), i
         else:  # prefill rows take the torch path in the 16-bit dtype
             torch.testing.assert_close(got[rows].float(), want[rows], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4)])
+def test_cuda_path_repeats_kv_heads_and_gives_the_gqa_result(heads: int, kv_heads: int) -> None:
+    """The torch backend's CUDA path (the memory-efficient kernel, which takes no enable_gqa with
+    a mask) repeats KV heads itself; here it runs on its math fallback against SDPA's own GQA."""
+    from runtime.attention.torch_backend import attend_without_cudnn
+
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(3, heads, 4, 32, generator=generator)
+    k = torch.randn(3, kv_heads, 48, 32, generator=generator)
+    v = torch.randn(3, kv_heads, 48, 32, generator=generator)
+    kv_lens = torch.tensor([48, 20, 7])  # row r: query i sits at kv_len - 4 + i
+    qpos = (kv_lens - 4).view(-1, 1, 1) + torch.arange(4).view(1, -1, 1)
+    mask = (torch.arange(48).view(1, 1, -1) <= qpos).unsqueeze(1)
+    got = attend_without_cudnn(q, k, v, mask, 0.2)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2,
+                                                            enable_gqa=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # a key past a query's position changes nothing for it
+    k2 = k.clone()
+    k2[2, :, 30:] = 100.0
+    torch.testing.assert_close(attend_without_cudnn(q, k2, v, mask, 0.2)[2], got[2])
