@@ -42,9 +42,9 @@ def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
         "acceptance": plot_acceptance({f"k={k}": c for k, c in acceptance_by_k(rows).items()},
                                       out / PLOTS["acceptance"]),
     }
-    sections = [_header(meta), _equality(rows), _throughput(summaries), _ratios(summaries),
-                _acceptance(rows, meta), _bandwidth(summaries, meta), _plots(drawn),
-                _DEFINITIONS]
+    sections = [_header(meta), equality_section(rows, meta), _throughput(summaries),
+                _ratios(summaries), _acceptance(rows, meta), _bandwidth(summaries, meta),
+                _plots(drawn), _DEFINITIONS]
     path = out / REPORT_FILE
     path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
     return path
@@ -90,7 +90,7 @@ def _lookups(config: dict[str, Any]) -> str:
             else "on")
 
 
-def _equality(rows: list[dict[str, Any]]) -> str:
+def equality_section(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     engine_rows = [r for r in rows if r["variant"] != TRANSFORMERS]
     if not engine_rows:
         return ""
@@ -107,6 +107,7 @@ def _equality(rows: list[dict[str, Any]]) -> str:
                        [[str(r["batch_size"]), variant_label(r["variant"], r["k"]),
                          str(r["repeat"]), f"{r['outputs_equal']}/{r['outputs_compared']}",
                          f"token {r['first_divergence']}"] for r in bad]))
+        verdict += "\n\n" + _why_unequal(meta)
     lines = ["## Output equality (greedy: every engine variant must give the same tokens)", "",
              verdict]
     hf = [r for r in rows if r["variant"] == TRANSFORMERS]
@@ -116,6 +117,28 @@ def _equality(rows: list[dict[str, Any]]) -> str:
                   f"arithmetic): {equal}/{hf[0]['outputs_compared']} requests identical in "
                   "its worst run."]
     return "\n".join(lines)
+
+
+def exact_arithmetic(meta: dict[str, Any]) -> bool:
+    """Whether the engine promises bit-equal tokens across batch sizes and k in this run: float32
+    on the CPU kernels (each row's arithmetic does not depend on the rest of the batch)."""
+    on_cuda = meta.get("copy_bandwidth_bytes_per_s") is not None  # measured on CUDA only
+    return meta.get("dtype") == "float32" and meta.get("attention_backend") == "cpu" \
+        and not on_cuda
+
+
+def _why_unequal(meta: dict[str, Any]) -> str:
+    if exact_arithmetic(meta):
+        return ("This is a bug: in float32 on the CPU kernels every row is computed the same "
+                "way whatever else is in the batch, so the variants must agree. Please report "
+                "it with this bench.parquet.")
+    where = "on CUDA" if meta.get("copy_bandwidth_bytes_per_s") is not None else "here"
+    return (f"Expected with {meta.get('dtype')} and the {meta.get('attention_backend')} "
+            f"attention backend {where}: the products' and attention's rounding depends on how "
+            "many rows a step has (the libraries pick kernels by shape), so a verified row is "
+            "rounded differently from a decoded one and greedy tokens part where two candidates "
+            "nearly tie. Bit-equal outputs are guaranteed in float32 on the CPU kernels "
+            "(`--dtype float32 --attention-backend cpu`, the CPU defaults).")
 
 
 def _throughput(summaries: dict[Key, Summary]) -> str:

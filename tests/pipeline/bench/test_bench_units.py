@@ -19,7 +19,7 @@ from pipeline.bench.aggregate import (
 )
 from pipeline.bench.config import BenchConfig, parse_int_list
 from pipeline.bench.metrics import Agreement, RunRecord, bench_row, percentile
-from pipeline.bench.report import ratio_cell
+from pipeline.bench.report import equality_section, exact_arithmetic, ratio_cell
 from pipeline.bench.runner import cpu_description
 from pipeline.config import JobError
 
@@ -137,3 +137,25 @@ def test_cpu_description_names_the_model_and_the_features_that_set_the_speed() -
     epyc = "model name : AMD EPYC\nflags : avx2 fma\n"
     assert cpu_description(epyc) == f"cpu: AMD EPYC ({cores})"
     assert cpu_description("") == f"cpu ({cores})"
+
+
+def test_an_equality_failure_is_called_a_bug_only_where_outputs_must_be_bit_equal() -> None:
+    rows = [{"variant": "engine", "k": k, "batch_size": 16, "repeat": 0, "outputs_compared": 32,
+             "outputs_equal": equal, "first_divergence": first}
+            for k, equal, first in ((0, 32, None), (2, 14, 11))]
+    cpu32 = {"dtype": "float32", "attention_backend": "cpu", "copy_bandwidth_bytes_per_s": None}
+    gpu16 = {"dtype": "bfloat16", "attention_backend": "torch",
+             "copy_bandwidth_bytes_per_s": 4.2e12}
+    assert exact_arithmetic(cpu32) and not exact_arithmetic(gpu16)
+    assert not exact_arithmetic(cpu32 | {"attention_backend": "torch"})
+    assert not exact_arithmetic(cpu32 | {"dtype": "bfloat16"})
+    on_cpu = equality_section(rows, cpu32)
+    assert "**FAIL**: 1 of 2 engine runs differ" in on_cpu and "| 16 | engine k=2 | 0 | 14/32 |" \
+        in on_cpu
+    assert "This is a bug" in on_cpu and "Expected" not in on_cpu
+    on_gpu = equality_section(rows, gpu16)
+    assert "Expected with bfloat16 and the torch attention backend on CUDA" in on_gpu
+    assert "bug" not in on_gpu
+    rows[1] |= {"outputs_equal": 32, "first_divergence": None}
+    passed = equality_section(rows, gpu16)
+    assert "**PASS**" in passed and "Expected" not in passed
