@@ -64,6 +64,9 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--attention-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "torch", "cpu", "flash"]),
               help="Attention backend of the engine variants (as in `generate`).")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
+              help="As in `generate`: the engine variants replay decode steps from CUDA graphs "
+                   "(CUDA, torch attention backend).")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1),
               help="New tokens per request at most (exactly, for random models: EOS ignored).")
 @click.option("--baseline", default="transformers", show_default=True,
@@ -103,7 +106,7 @@ def bench(**options: Any) -> None:
             chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
             draft_confidence=o["draft_confidence"], draft_int8=o["draft_int8"],
             draft_ngram=o["draft_ngram"], draft_ngram_tokens=o["draft_ngram_tokens"],
-            attention_backend=o["attention_backend"],
+            attention_backend=o["attention_backend"], cuda_graphs=o["cuda_graphs"],
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],

@@ -86,6 +86,11 @@ def main() -> None:
               type=click.Choice(["auto", "torch", "cpu", "flash"]),
               help="auto: flash-attn on CUDA when installed, the C++ paged kernel on CPU when it "
                    "builds, else torch (portable, gathers K/V then runs SDPA).")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
+              help="On CUDA with --attention-backend torch: replay decode steps (one token per "
+                   "request, no drafts) from CUDA graphs, one per bucket of batch size and "
+                   "context length, instead of launching every kernel from Python. Not yet "
+                   "measured on a GPU, hence off.")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="Input column holding the prompt text (string).")
 @click.option("--id-column", default="id", show_default=True,
@@ -188,8 +193,9 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         draft_confidence=o["draft_confidence"], draft_max_batch=o["draft_max_batch"] or None,
         draft_int8=o["draft_int8"], draft_ngram=o["draft_ngram"],
         draft_ngram_tokens=o["draft_ngram_tokens"],
-        attention_backend=o["attention_backend"], dtype=o["dtype"], device=o["device"],
-        kv_cache_memory=o["kv_cache_memory"], max_num_batched_tokens=o["max_num_batched_tokens"],
+        attention_backend=o["attention_backend"], cuda_graphs=o["cuda_graphs"],
+        dtype=o["dtype"], device=o["device"], kv_cache_memory=o["kv_cache_memory"],
+        max_num_batched_tokens=o["max_num_batched_tokens"],
         max_num_seqs=o["max_num_seqs"], block_size=o["block_size"], num_threads=o["threads"])
     return JobConfig(
         input=o["input"], output_dir=o["output_dir"], prompt_column=o["prompt_column"],

@@ -98,6 +98,9 @@ class EngineConfig:
         draft up to this many tokens from its lookup, more than k (verifying up to 4 rows costs
         such a step almost nothing on the CPU; the drafter still drafts k). 0, or at most k: k.
         The engine then verifies up to draft_width tokens per request and step.
+    cuda_graphs: on CUDA with the torch attention backend, replay the target's pure decode steps
+        (one token per request, no drafts) from CUDA graphs, one per bucket of batch size and
+        context length (runtime.cuda_graphs). Off by default: not yet measured on a GPU.
     """
 
     model: str = DEFAULT_MODEL
@@ -117,6 +120,7 @@ class EngineConfig:
     draft_int8: bool = False  # CPU: the drafter's products on int8 weights; see the docstring
     draft_ngram: bool = False  # n-gram lookup drafts where the text repeats; see the docstring
     draft_ngram_tokens: int = 0  # lookup drafts of a lone greedy request; see the docstring
+    cuda_graphs: bool = False  # CUDA: decode steps replayed from graphs; see the docstring
     gpu_memory_fraction: float = 0.8
     num_threads: int | None = None  # torch CPU threads; None: torch's default
     extra: dict[str, str] = field(default_factory=dict, hash=False, compare=False)

@@ -9,9 +9,10 @@ from transformers import PretrainedConfig
 
 from runtime.config import EngineConfig
 from runtime.cpu_gemm import keep_step_buffers
+from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv.manager import KVCacheManager
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, resolve_model
-from runtime.model import CausalLM
+from runtime.model import CausalLM, layer_windows
 from runtime.model_runner import ModelRunner, RunnerOutput
 from runtime.request import Completion, GenerationRequest
 from runtime.sampler import make_generator
@@ -78,6 +79,8 @@ class Engine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    lookahead)
         self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer)
+        if config.cuda_graphs:
+            self.runner.graphs = decode_graphs(self, caches)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids)
         self._arrivals = 0
 
@@ -240,3 +243,19 @@ def _check_shared_target(target: CausalLM, hf_config: PretrainedConfig, p: Place
     if target.rope.cos.shape[0] < positions:
         raise ValueError(f"the shared target model has rotary tables for "
                          f"{target.rope.cos.shape[0]} positions, this engine needs {positions}")
+
+
+def decode_graphs(engine: Engine, caches: dict[str, torch.Tensor]) -> DecodeGraphs:
+    """The engine's CUDA graphs of decode steps (EngineConfig.cuda_graphs); ValueError where
+    they cannot run."""
+    p = engine.placement
+    if p.device.type != "cuda":
+        raise ValueError("--cuda-graphs needs a CUDA device")
+    if p.backend != "torch":
+        raise ValueError(f"--cuda-graphs needs --attention-backend torch (this engine runs "
+                         f"{p.backend})")
+    if any(w is not None for w in layer_windows(engine.hf_config, engine.max_model_len)):
+        raise ValueError("--cuda-graphs does not support sliding-window attention yet")
+    aux = engine.proposer.aux_layer_ids if engine.proposer is not None else ()
+    return DecodeGraphs(engine.model, caches, p.block_size, engine.config.max_num_seqs,
+                        -(-engine.max_model_len // p.block_size), aux)

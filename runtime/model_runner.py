@@ -8,6 +8,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from runtime.cpu_kernels import argmax_rows
+from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
 from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
@@ -46,14 +47,18 @@ class ModelRunner:
         self.draft_width = num_speculative_tokens if proposer is not None else 0
         # greedy steps: the argmax without the full float32 head, same bits (runtime.greedy_head)
         self.exact_head = ExactGreedyHead.for_head(model.lm_head)
+        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps, if enabled
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> RunnerOutput:
         step = prepare_inputs(out, block_tables, self.block_size, self.device)
         metadata = {name: step.metadata for name in self.model.layer_names}
         aux_ids = self.proposer.aux_layer_ids if self.proposer is not None else ()
-        hidden, aux = self.model(step.input_ids, step.positions, self.kv_caches, metadata,
-                                 aux_ids)
+        if self.graphs is not None and self.graphs.applies(step):
+            hidden, aux = self.graphs.run(step)
+        else:
+            hidden, aux = self.model(step.input_ids, step.positions, self.kv_caches, metadata,
+                                     aux_ids)
         emitted: list[list[int] | None] = [None] * len(out.scheduled)
         num_verified = [0] * len(out.scheduled)
         if step.sample_rows:

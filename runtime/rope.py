@@ -61,6 +61,11 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._lookup(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
+    def forget(self) -> None:
+        """Drop the rows looked up last: the next call looks them up again even for the same
+        positions tensor (a tensor refilled in place, as the static buffers of CUDA graphs)."""
+        self._last = None
+
     def _lookup(self, positions: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for positions, [num_tokens, 1, head_dim] each. Every layer of a forward

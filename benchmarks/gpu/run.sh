@@ -57,7 +57,11 @@ bench() {  # bench NAME SECONDS ARGS...: one `eaglebatch bench`, its report tarr
   [ -d "/tmp/reports/$name" ] && tar -C /tmp/reports -czf "$OUT/$name.tgz" "$name"
 }
 
-if [ "${EB_PLAN:-full}" = short ]; then  # ~3 min: batch 16 and 1, then the step profile
+if [ "${EB_PLAN:-full}" = short ]; then  # ~5 min: CUDA graphs on/off, batch 16 and 1, the step profile
+  for graphs in --cuda-graphs --no-cuda-graphs; do  # the same bench with and without graphs
+    bench "plain-${graphs#--}" 60 --batch-sizes 1,16,64 --k 0 --attention-backend torch $graphs \
+      --num-prompts 32 --max-tokens 64 --repeats 1 --baseline none
+  done
   bench batch16-equality 85 --batch-sizes 16 --k 0,2 --num-prompts 32 --max-tokens 96 \
     --repeats 2 --baseline none
   bench batch1-short 70 --batch-sizes 1 --k 0,2,3 --num-prompts 4 --max-tokens 64 --repeats 2

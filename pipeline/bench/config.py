@@ -39,6 +39,7 @@ class BenchConfig:
     draft_ngram: bool = False  # EngineConfig.draft_ngram of the k > 0 variants
     draft_ngram_tokens: int = 0  # EngineConfig.draft_ngram_tokens of the k > 0 variants
     attention_backend: str = "auto"
+    cuda_graphs: bool = False  # EngineConfig.cuda_graphs of every engine variant
     max_tokens: int = 128
     baseline: str = "transformers"
     repeats: int = 3

@@ -71,6 +71,9 @@ def _header(meta: dict[str, Any]) -> str:
         f"weights {'int8 (CPU)' if config.get('draft_int8') else 'as stored'}; n-gram lookup "
         f"drafts {_lookups(config)}",
     ]
+    if config.get("cuda_graphs"):
+        lines.append("- CUDA graphs (`--cuda-graphs`): the engines replay decode steps from "
+                     "graphs")
     if config.get("ceiling"):
         lines.append("- perfect drafts (`--ceiling`): every k > 0 also ran with the k = 0 run's "
                      "own next tokens as its drafts (always k, no confidence cut); the drafter "

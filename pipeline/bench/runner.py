@@ -60,7 +60,8 @@ def run_bench(config: BenchConfig) -> Path:
                         draft_confidence=config.draft_confidence,
                         draft_int8=config.draft_int8, draft_ngram=config.draft_ngram,
                         draft_ngram_tokens=config.draft_ngram_tokens,
-                        attention_backend=config.attention_backend)
+                        attention_backend=config.attention_backend,
+                        cuda_graphs=config.cuda_graphs)
     p = place(base)
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process

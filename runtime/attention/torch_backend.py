@@ -66,6 +66,25 @@ class _Batched(NamedTuple):
     dest: torch.Tensor  # [num_short_tokens] their token index in the step
 
 
+def set_decode_plan(md: AttentionMetadata, block_size: int, num_blocks: int) -> None:
+    """Mutates md.derived: the plan of a step where every sequence has one query token, built
+    from md's own tensors with tensor ops only (no host lists), so a CUDA graph can record it
+    (runtime.cuda_graphs). Sequence i sees keys 0 .. seq_lens[i] - 1 of the first num_blocks
+    blocks of its table. Full attention only (no sliding window)."""
+    rows = md.block_table.shape[0]
+    device = md.block_table.device
+    every = torch.arange(rows, device=device)
+    keys = torch.arange(num_blocks * block_size, device=device)
+    mask = (keys.view(1, -1) < md.seq_lens.view(-1, 1)).view(rows, 1, 1, -1)
+    blocks = md.block_table[:, :num_blocks].long().reshape(-1)
+    md.derived[_plan_key(block_size, None)] = [
+        _Batched(rows, 1, every, blocks, num_blocks, mask, every, every)]
+
+
+def _plan_key(block_size: int, sliding_window: int | None) -> str:
+    return f"torch/{block_size}/{sliding_window}"
+
+
 class TorchAttentionBackend:
     name = "torch"
 
@@ -112,7 +131,7 @@ class TorchAttentionBackend:
 
     def _plan(self, md: AttentionMetadata, block_size: int, device: torch.device
               ) -> list[_Batched]:
-        key = f"torch/{block_size}/{self.sliding_window}"
+        key = _plan_key(block_size, self.sliding_window)
         if key not in md.derived:
             md.derived[key] = self._plan_rows(md, range(md.num_seqs), block_size, device)
         return md.derived[key]
