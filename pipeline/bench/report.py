@@ -68,7 +68,7 @@ def _header(meta: dict[str, Any]) -> str:
         f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size",
         f"- attention backend: {meta.get('attention_backend', 'torch')}; drafts cut below "
         f"drafter confidence {config.get('draft_confidence', 0.0)} (0: always k drafts); drafter "
-        f"weights {'int8 (CPU)' if config.get('draft_int8') else 'as stored'}; n-gram lookup "
+        f"weights {_drafter_weights(config, meta)}; n-gram lookup "
         f"drafts {_lookups(config)}",
     ]
     if config.get("cuda_graphs"):
@@ -83,6 +83,18 @@ def _header(meta: dict[str, Any]) -> str:
                   "the shape of the real architecture: throughput is the architecture's, but "
                   "outputs are noise and the acceptance figures are meaningless."]
     return "\n".join(lines)
+
+
+def _drafter_weights(config: dict[str, Any], meta: dict[str, Any]) -> str:
+    if not config.get("draft_int8"):
+        return "as stored"
+    if _on_cuda(meta):
+        return "in the model's dtype (int8 copies are a CPU feature)"
+    return "int8 copies"
+
+
+def _on_cuda(meta: dict[str, Any]) -> bool:
+    return meta.get("copy_bandwidth_bytes_per_s") is not None  # measured on CUDA only
 
 
 def _lookups(config: dict[str, Any]) -> str:
@@ -125,9 +137,8 @@ def equality_section(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def exact_arithmetic(meta: dict[str, Any]) -> bool:
     """Whether the engine promises bit-equal tokens across batch sizes and k in this run: float32
     on the CPU kernels (each row's arithmetic does not depend on the rest of the batch)."""
-    on_cuda = meta.get("copy_bandwidth_bytes_per_s") is not None  # measured on CUDA only
     return meta.get("dtype") == "float32" and meta.get("attention_backend") == "cpu" \
-        and not on_cuda
+        and not _on_cuda(meta)
 
 
 def _why_unequal(meta: dict[str, Any]) -> str:
@@ -135,7 +146,7 @@ def _why_unequal(meta: dict[str, Any]) -> str:
         return ("This is a bug: in float32 on the CPU kernels every row is computed the same "
                 "way whatever else is in the batch, so the variants must agree. Please report "
                 "it with this bench.parquet.")
-    where = "on CUDA" if meta.get("copy_bandwidth_bytes_per_s") is not None else "here"
+    where = "on CUDA" if _on_cuda(meta) else "here"
     return (f"Expected with {meta.get('dtype')} and the {meta.get('attention_backend')} "
             f"attention backend {where}: the products' and attention's rounding depends on how "
             "many rows a step has (the libraries pick kernels by shape), so a verified row is "
