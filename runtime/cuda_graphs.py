@@ -42,6 +42,10 @@ class _Bucket(NamedTuple):
 
 
 class DecodeGraphs:
+    """Mutable: the buckets captured so far (keyed by padded rows and blocks) and their buffers.
+    kv_caches: layer name -> [2, num_blocks, block_size, num_kv_heads, head_dim], written by the
+    replayed steps like by eager ones."""
+
     def __init__(self, model: CausalLM, kv_caches: dict[str, torch.Tensor], block_size: int,
                  max_rows: int, max_blocks: int, aux_layer_ids: tuple[int, ...] = (),
                  capture: bool = True) -> None:
