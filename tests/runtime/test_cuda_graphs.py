@@ -72,3 +72,23 @@ def test_padded_decode_steps_give_the_plain_engines_tokens(tiny_model_dir: Path)
 def test_cuda_graphs_need_cuda(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="--cuda-graphs needs a CUDA device"):
         _engine(tiny_model_dir, cuda_graphs=True)
+
+
+def test_a_drafting_engine_replays_the_steps_where_it_does_not_draft(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With --draft-max-batch 1, steps of 2-3 requests do not draft: they take the buckets, and
+    the drafter later reads the features those steps kept (copies of the static outputs)."""
+    from pipeline.bench.presets import make_random_drafter
+
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", torch.float32)
+    plain = _engine(tiny_model_dir)
+    want = _tokens(plain)
+    spec = _engine(tiny_model_dir, target=plain, drafter=str(drafter), num_speculative_tokens=2,
+                   draft_max_batch=1)
+    spec.runner.graphs = graphs = DecodeGraphs(spec.model, spec.runner.kv_caches, BLOCK_SIZE, 3,
+                                               spec.max_model_len // BLOCK_SIZE, capture=False)
+    assert _tokens(spec) == want
+    assert graphs.buckets  # some steps were replayed
+    # batches of 2 and 3 never draft; a request alone drafts, except in its first step alone
+    # (nothing to verify yet), which is a plain decode step too
+    assert sorted({rows for rows, _ in graphs.buckets}) == [1, 2, 4]
