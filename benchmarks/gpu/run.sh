@@ -57,10 +57,12 @@ bench() {  # bench NAME SECONDS ARGS...: one `eaglebatch bench`, its report tarr
   [ -d "/tmp/reports/$name" ] && tar -C /tmp/reports -czf "$OUT/$name.tgz" "$name"
 }
 
-if [ "${EB_PLAN:-full}" = short ]; then  # ~5 min: CUDA graphs on/off, batch 16 and 1, the step profile
-  for graphs in --cuda-graphs --no-cuda-graphs; do  # the same bench with and without graphs
-    bench "plain-${graphs#--}" 60 --batch-sizes 1,16,64 --k 0 --attention-backend torch $graphs \
+if [ "${EB_PLAN:-full}" = short ]; then  # ~7 min: CUDA graphs on/off, batch 16 and 1, the step profile
+  for graphs in --cuda-graphs --no-cuda-graphs; do  # the same benches with and without graphs
+    bench "b16-64-${graphs#--}" 60 --batch-sizes 16,64 --k 0 --attention-backend torch $graphs \
       --num-prompts 32 --max-tokens 64 --repeats 1 --baseline none
+    bench "b1-${graphs#--}" 45 --batch-sizes 1 --k 0 --attention-backend torch $graphs \
+      --num-prompts 4 --max-tokens 64 --repeats 1 --baseline none
   done
   bench batch16-equality 85 --batch-sizes 16 --k 0,2 --num-prompts 32 --max-tokens 96 \
     --repeats 2 --baseline none
