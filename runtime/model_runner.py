@@ -52,11 +52,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> RunnerOutput:
         step = prepare_inputs(out, block_tables, self.block_size, self.device)
-        metadata = {name: step.metadata for name in self.model.layer_names}
-        aux_ids = self.proposer.aux_layer_ids if self.proposer is not None else ()
         if self.graphs is not None and self.graphs.applies(step):
             hidden, aux = self.graphs.run(step)
         else:
+            metadata = {name: step.metadata for name in self.model.layer_names}
+            aux_ids = self.proposer.aux_layer_ids if self.proposer is not None else ()
             hidden, aux = self.model(step.input_ids, step.positions, self.kv_caches, metadata,
                                      aux_ids)
         emitted: list[list[int] | None] = [None] * len(out.scheduled)
