@@ -88,6 +88,82 @@ at::Tensor argmax_rows(const at::Tensor& logits) {  // [rows, n] float32 -> [row
   return out;
 }
 
+// One row of head_candidates: the bfloat16 entries a_v and the bound's factors. Every bound is
+// computed as (scale * wn[v] + c2 * |a_v|) + slack, two products and two sums rounded in that
+// order (the kernels build without contraction), in the vector and the scalar code alike.
+struct Bounds {
+  const uint16_t* a;
+  const float* wn;
+  float scale, c2, slack;
+
+  float value(int64_t v) const {
+    const uint32_t wide = static_cast<uint32_t>(a[v]) << 16;
+    float x;
+    std::memcpy(&x, &wide, sizeof x);
+    return x;
+  }
+  float bound(int64_t v, float x) const { return scale * wn[v] + c2 * std::fabs(x) + slack; }
+#ifdef __AVX512F__
+  __m512 values(int64_t v) const {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + v));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+  __m512 bounds(int64_t v, __m512 x) const {
+    const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(scale), _mm512_loadu_ps(wn + v)),
+                                   _mm512_mul_ps(_mm512_set1_ps(c2), _mm512_abs_ps(x)));
+    return _mm512_add_ps(t, _mm512_set1_ps(slack));
+  }
+#endif
+};
+
+// max_v (a_v - B_v) into *floor; false when some a_v + B_v is not finite (an infinity or NaN).
+bool row_floor(const Bounds& b, int64_t n, float* floor) {
+  float peak = -std::numeric_limits<float>::infinity();
+  bool finite = true;
+  int64_t v = 0;
+#ifdef __AVX512F__
+  __m512 lanes = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 odd = 0;
+  for (; v + 16 <= n; v += 16) {
+    const __m512 x = b.values(v), bound = b.bounds(v, x);
+    const __m512 high = _mm512_add_ps(x, bound);
+    odd |= _mm512_cmp_ps_mask(_mm512_mul_ps(high, _mm512_setzero_ps()),
+                              _mm512_setzero_ps(), _CMP_NEQ_UQ);  // x * 0: NaN unless finite
+    lanes = _mm512_max_ps(lanes, _mm512_sub_ps(x, bound));
+  }
+  finite = odd == 0;
+  peak = _mm512_reduce_max_ps(lanes);
+#endif
+  for (; v < n; ++v) {
+    const float x = b.value(v), bound = b.bound(v, x);
+    const float low = x - bound, high = x + bound;
+    peak = low > peak ? low : peak;
+    finite = finite && high * 0.f == 0.f;
+  }
+  *floor = peak;
+  return finite;
+}
+
+// Every v with a_v + B_v >= floor, in order, appended to *out.
+void row_candidates(const Bounds& b, int64_t n, float floor, std::vector<int64_t>* out) {
+  int64_t v = 0;
+#ifdef __AVX512F__
+  const __m512 f = _mm512_set1_ps(floor);
+  for (; v + 16 <= n; v += 16) {
+    const __m512 x = b.values(v);
+    __mmask16 hit = _mm512_cmp_ps_mask(_mm512_add_ps(x, b.bounds(v, x)), f, _CMP_GE_OQ);
+    while (hit != 0) {
+      out->push_back(v + __builtin_ctz(hit));
+      hit &= hit - 1;
+    }
+  }
+#endif
+  for (; v < n; ++v) {
+    const float x = b.value(v);
+    if (x + b.bound(v, x) >= floor) out->push_back(v);
+  }
+}
+
 // Candidates of the exact greedy head (runtime.greedy_head): approx [rows, n] bfloat16 logits
 // from a bfloat16 product, with the bound B_v = c1 * hidden_norm[r] * weight_norm[v] + c2 *
 // |a_v| + slack on |a_v - exact_v|. Returns (row ids, column ids) of the entries with
@@ -108,56 +184,38 @@ std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
   const float* wn = weight_norm.data_ptr<float>();
   const float fc1 = static_cast<float>(c1), fc2 = static_cast<float>(c2);
   const float fslack = static_cast<float>(slack);
-  std::vector<int64_t> row_ids, col_ids;
-  std::vector<float> low(n), high(n);  // a_v - B_v, a_v + B_v
-  constexpr int kLanes = 16;
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* row = a + r * n;
-    const float scale = fc1 * hn[r];
-    for (int64_t v = 0; v < n; ++v) {  // vectorises: widen, bound, both ends
-      const uint32_t wide = static_cast<uint32_t>(row[v]) << 16;
-      float x;
-      std::memcpy(&x, &wide, sizeof x);
-      const float bound = scale * wn[v] + fc2 * std::fabs(x) + fslack;
-      low[v] = x - bound;
-      high[v] = x + bound;
-    }
-    // max of low in kLanes partials (vectorises); x * 0 turns NaN for NaN and infinities
-    float lane_floor[kLanes], lane_bad[kLanes];
-    std::fill(lane_floor, lane_floor + kLanes, -std::numeric_limits<float>::infinity());
-    std::fill(lane_bad, lane_bad + kLanes, 0.f);
-    int64_t v = 0;
-    for (; v + kLanes <= n; v += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
-        const float t = low[v + l];
-        lane_floor[l] = t > lane_floor[l] ? t : lane_floor[l];
-        lane_bad[l] += high[v + l] * 0.f;
+  // Rows in parallel, each in two passes over its n entries (the floor, then the candidates),
+  // recomputing the bound in the second (the same operations, so the same values) instead of
+  // storing a_v - B_v and a_v + B_v: about 1 ms instead of 3 for 64 rows of a 49k head.
+  std::vector<std::vector<int64_t>> found(rows);
+  std::vector<char> bad(rows, 0);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const Bounds b{a + r * n, wn, fc1 * hn[r], fc2, fslack};
+      float floor = -std::numeric_limits<float>::infinity();
+      if (!row_floor(b, n, &floor) || !std::isfinite(floor)) {
+        bad[r] = 1;  // some a_v (or its bound) was not finite
+        continue;
       }
+      row_candidates(b, n, floor, &found[r]);
     }
-    float floor = -std::numeric_limits<float>::infinity(), bad = 0.f;
-    for (int l = 0; l < kLanes; ++l) {
-      floor = lane_floor[l] > floor ? lane_floor[l] : floor;
-      bad += lane_bad[l];
-    }
-    for (; v < n; ++v) {
-      floor = low[v] > floor ? low[v] : floor;
-      bad += high[v] * 0.f;
-    }
-    if (bad != 0.f || !std::isfinite(floor))  // some a_v (or its bound) was not finite
+  });
+  int64_t count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (bad[r])
       return {at::empty({0}, approx.options().dtype(at::kLong)),
               at::empty({0}, approx.options().dtype(at::kLong)), false};
-    for (int64_t u = 0; u < n; ++u) {
-      if (high[u] >= floor) {
-        row_ids.push_back(r);
-        col_ids.push_back(u);
-      }
-    }
+    count += static_cast<int64_t>(found[r].size());
   }
-  const auto count = static_cast<int64_t>(row_ids.size());
   at::Tensor out_rows = at::empty({count}, approx.options().dtype(at::kLong));
   at::Tensor out_cols = at::empty({count}, approx.options().dtype(at::kLong));
-  std::copy(row_ids.begin(), row_ids.end(), out_rows.data_ptr<int64_t>());
-  std::copy(col_ids.begin(), col_ids.end(), out_cols.data_ptr<int64_t>());
+  int64_t* ro = out_rows.data_ptr<int64_t>();
+  int64_t* co = out_cols.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(ro, ro + found[r].size(), r);
+    ro += found[r].size();
+    co = std::copy(found[r].begin(), found[r].end(), co);
+  }
   return {out_rows, out_cols, true};
 }
 

@@ -65,6 +65,33 @@ def test_exact_head_equals_the_full_argmax(rows: int, kind: str,
         assert torch.equal(exact.argmax(x), argmax_rows(head(x)))
 
 
+@pytest.mark.parametrize("n", [5000, 4999])  # a multiple of 16, and a vector tail
+def test_candidates_are_exactly_those_within_the_bound(n: int) -> None:
+    """head_candidates against the rule written in torch (the same float32 operations in the
+    same order): every (row, v) with a_v + B_v >= max_u (a_u - B_u), row-major."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    g = torch.Generator().manual_seed(n)
+    rows = 7
+    approx = (torch.randn(rows, n, generator=g) * 0.02).bfloat16()
+    approx[3, 17] = 40.0  # a clear winner: one candidate in that row
+    hidden_norm = torch.rand(rows, generator=g) * 10
+    weight_norm = torch.rand(n, generator=g)
+    c1, c2, slack = 2.0**-8, 2.0**-8, 1e-30
+    a = approx.float()
+    bound = (torch.tensor(c1, dtype=torch.float32) * hidden_norm)[:, None] * weight_norm \
+        + torch.tensor(c2, dtype=torch.float32) * a.abs() + torch.tensor(slack, dtype=torch.float32)
+    floor = (a - bound).amax(dim=1, keepdim=True)
+    want_rows, want_cols = (a + bound >= floor).nonzero(as_tuple=True)
+    got_rows, got_cols, finite = torch.ops.eaglebatch.head_candidates(
+        approx, hidden_norm, weight_norm, c1, c2, slack)
+    assert finite and len(want_rows) > rows  # several candidates in most rows
+    assert torch.equal(got_rows, want_rows) and torch.equal(got_cols, want_cols)
+    assert got_cols[got_rows == 3].tolist() == [17]
+    approx[5, n - 1] = float("inf")  # the last entry: the scalar tail when n % 16 != 0
+    assert not torch.ops.eaglebatch.head_candidates(approx, hidden_norm, weight_norm, c1, c2,
+                                                    slack)[2]
+
+
 def test_ties_and_near_ties_follow_argmax_rows(approx: str) -> None:
     torch.manual_seed(1)
     linear = nn.Linear(64, 300, bias=False)
