@@ -1,6 +1,6 @@
 // y = x W^T + b on a copy of W packed in panels of 64 output columns: panel p is a [K, 64] block
 // holding columns 64p .. 64p + 63 of W^T (zero past N), so a product streams each panel front to
-// back once per 96 rows of x: at a few rows (decode, draft verification) it runs at the speed of
+// back once per 192 rows of x: at a few rows (decode, draft verification) it runs at the speed of
 // reading the weights. Registered as torch.ops.eaglebatch.panel_linear.
 //
 // Each output y[m, n] is one chain of fused multiply-adds over k = 0 .. K-1 in order, then + b[n],
@@ -37,7 +37,8 @@ namespace {
 
 constexpr int64_t kPanel = 64;   // output columns per panel
 constexpr int64_t kMaxRows = 6;  // rows per register tile (6 x 4 accumulators of 16 floats)
-constexpr int64_t kChunk = 96;   // rows per pass over the panels
+constexpr int64_t kChunk = 192;  // rows per pass over the panels (prefill; 96 -> 192: 30
+                                 // layers at 192 rows ~145 -> ~138 ms, Xeon, 2 threads)
 constexpr int64_t kAhead = 8;    // panel rows prefetched ahead (one 256-byte row per input)
 constexpr int64_t kFarBytes = 16384;  // and bytes fetched into L2 ahead (see tile)
 
@@ -74,8 +75,10 @@ inline __m512 load16(const int8_t* w) {
 // memory and also fetches kFarBytes ahead into L2, besides the near prefetch: without it a
 // 5-row product took ~30% longer than a 4-row one (AMD EPYC), and on a Xeon 3 / 4 rows took
 // 1.0 / 2.2 ms longer than 1 row for the 30 layers (20.4 / 21.6 ms against 19.4; with it 19.5 /
-// 19.5, 1 row unchanged: what verifying 2-3 drafts at batch 1 costs). Tiles of several-tile
-// passes below 5 rows do not (their panel is in L2 already: +1 ms at 8-16 rows when they did).
+// 19.5, 1 row unchanged: what verifying 2-3 drafts at batch 1 costs). Of a several-tile pass
+// only the first tile does (the panel is in L2 for the others: the far fetches only took load
+// slots from the products: 30 layers at 48 / 64 rows 47.0 / 57.9 -> 44.1 / 54.8 ms, Xeon, 2
+// threads).
 template <int Rows, typename W>
 void tile(const float* x, int64_t k, const W* panel, const float* scale, const float* bias,
           float* y, int64_t ldy, int64_t cols, const W* next, int64_t phase, int64_t every) {
@@ -85,7 +88,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
   constexpr int64_t ahead = kAhead * 4 / lines;        // the same bytes ahead for either type
   constexpr int64_t far = kFarBytes / (64 * lines);    // panel rows in kFarBytes
   int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
-  const bool fetch_far = Rows >= 5 || every == 1;  // a single tile, or 5-6 rows
+  const bool fetch_far = every == 1 || phase == 0;  // a single tile, or a pass's first
   __m512 acc[Rows][4];
   for (int m = 0; m < Rows; ++m)
     for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
