@@ -186,11 +186,12 @@ def test_sigint_abandons_the_shard_in_flight_and_resume_completes(
     run_job(reference, _factory(tiny_engine), progress=False)
     config = _config(tmp_path, tiny_model_dir)
     fresh = Engine(config.engine)  # left mid-generation by the interrupt; not reused
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the runner started in background
     with pytest.raises(JobInterrupted) as err:
         run_job(config, _factory(_SignalDuringShard(fresh, at=1)), progress=False)  # type: ignore[arg-type]
     assert err.value.signum == signal.SIGINT
     assert str(err.value) == "interrupted; rerun the same command to resume"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # the job's handler is gone again
     out = tmp_path / "out"
     assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == [
         "manifest.json", "part-00000.parquet", "stats.parquet"]
