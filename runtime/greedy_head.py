@@ -1,5 +1,6 @@
-"""The greedy token without the full float32 LM head: a bfloat16 product picks the candidates,
-panel_entries computes them exactly. Same answer, bit for bit, as argmax of the full head.
+"""The greedy token without the full float32 LM head: a bfloat16 product (int8 panels below 8
+rows) picks the candidates, panel_entries computes them exactly. Same answer, bit for bit, as
+argmax of the full head.
 
 A greedy step needs argmax_v z_v of the float32 logits z = h W^T (on the CPU: panel_linear, one
 FMA chain per entry), not the logits. A bfloat16 product a = bf16(h) bf16(W)^T (oneDNN, AMX on
@@ -8,20 +9,31 @@ rows) is close to z with a proven bound per entry:
 
     |a_v - z_v| <= B_v = C1 * |h| * |w_v| + C2 * |a_v|      (|.|: Euclidean norms)
 
-(rounding h and w_v to bfloat16 moves each product by at most 2^-9 of its size, twice: 2^-8 in
-all by Cauchy-Schwarz; summing 576 float32 terms in any order, and the float32 chain itself,
-each err by under 2^-14 of sum |h_i w_vi|; rounding a to bfloat16 at the end by 2^-9 |a_v|;
-C1 and C2 round these up). So the winner is among the candidates {v : a_v + B_v >= max_u (a_u -
+(rounding h and w_v to bfloat16 moves each product by at most 2^-9 of its size, twice: 2^-8 +
+2^-18 in all by Cauchy-Schwarz; summing the n = hidden-size float32 terms in any order, and the
+float32 chain itself, each err by under chain_error(n) of sum |h_i w_vi| (2^-14.8 for the
+default model's 576); rounding a to bfloat16 at the end by 2^-9 |a_v|; C1, per head, and C2
+round these up). So the winner is among the candidates {v : a_v + B_v >= max_u (a_u -
 B_u)}; on the default model a median of 1 and at most about a dozen per row. Their exact logits
 come from panel_entries (the same chains as panel_linear: the same bits), and the first index of
 their maximum is the answer argmax_rows would give on the full logits. Rows whose logits are not
 all finite take the full head instead (NaN and infinities keep argmax_rows' rules).
 
-Below ONEDNN_ROWS rows (decode and draft verification at small batches), a = bf16(h bf16(W)^T)
-comes from panel_linear on bfloat16 panels instead: float32 h, each weight widened exactly, so
-its error is within the bound above (h is not rounded at all). It reads half the float32 head's
-bytes, which is what a product of a few rows costs (AMD EPYC, 2 threads, 49k x 576 head: 1 / 3
-rows 2.4 / 2.5 ms against 4.6 / 4.3 for the float32 head and 3.6 / 3.6 for oneDNN's bfloat16).
+Below ONEDNN_ROWS rows (decode and draft verification at small batches), a comes from
+panel_linear on int8 panels instead (w_v ~ s_v q_v, one scale per output, as a drafter's int8
+weights): a quarter of the float32 head's bytes, which is what a product of a few rows costs. Its
+own bound, per entry:
+
+    |a_v - z_v| <= |h| * F_v + C2 * |a_v|,   F_v = |w_v - s_v q_v| + c (|w_v| + |s_v q_v|)
+
+(h is not rounded; the int8 weights are off by e_v = w_v - s_v q_v, so the exact products differ
+by at most |h| |e_v|; each float32 chain, the kernel's over h and q_v and the head's over h and
+w_v, errs by under c = chain_error(n) of its sum of |terms|, at most |h| |s_v q_v| and |h| |w_v|;
+scaling by s_v and rounding to bfloat16 at the end, by under 2^-9 |a_v|). F_v is computed once in
+float64 and rounded up. On the default model a median of 2 and at most about 30 candidates per
+row (1 and 11 with bfloat16 panels). The head of real decode rows, caches flushed (AMD EPYC, 2
+threads, 49k x 576): 1 / 3 / 6 rows 1.46 / 1.61 / 2.26 ms against 2.18 / 2.20 / 2.63 from
+bfloat16 panels.
 
 EAGLEBATCH_EXACT_HEAD=0 turns it off.
 """
@@ -31,26 +43,31 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
-from runtime.cpu_gemm import PrepackedLinear
+from runtime.cpu_gemm import PANEL, PrepackedLinear, pack_panels, quantize_int8
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
 
-C1 = 2.0**-8 + 2.0**-12  # bfloat16 inputs (2^-8 + 2^-18) + sums in float32 (2 * 2^-14.8)
 C2 = 2.0**-8  # the product's bfloat16 output, rounded from float32 (2^-9, doubled)
 SLACK = 1e-30  # keeps B > 0 where norms underflow
 # From this many rows the candidates come from oneDNN's bfloat16 product (AMX where the CPU has
-# it), below from bfloat16 panels (2 threads, EPYC: 8 rows 3.4 / 3.0 ms, 16 rows 4.6 / 5.4)
+# it), below from int8 panels (2 threads, EPYC, against bfloat16 panels then: 8 rows 3.4 / 3.0
+# ms, 16 rows 4.6 / 5.4)
 ONEDNN_ROWS = 8
 
 
 class ExactGreedyHead:
-    """argmax(head(hidden)) for float32 rows, from two bfloat16 copies of the head's weight
-    (oneDNN's packing and panels, each half the float32 head's memory) and the head's panels."""
+    """argmax(head(hidden)) for float32 rows, from a bfloat16 copy of the head's weight in
+    oneDNN's packing (half the float32 head's memory), an int8 copy in panels (a quarter) and
+    the head's own panels."""
 
     def __init__(self, head: PrepackedLinear) -> None:
         weight = head.weight.detach()
         self.head = head
-        self.panels_bf16 = head._packed.bfloat16()  # rounds each weight to nearest: 2^-9
+        chain = chain_error(weight.shape[1])
+        # bfloat16 inputs (2^-8 + 2^-18), then the product's and the head's float32 sums
+        self.c1 = 2.0**-8 + 2.0**-18 + 2 * chain * (1 + 2.0**-8)
+        self.panels_int8, self.scales, self.int8_factors = _int8_panels(weight, chain)
         # oneDNN's own packing of the bfloat16 copy: 1.4 / 2.5 ms at 8 / 64 rows against 3.0 /
         # 4.4 for a plain [hidden, vocab] matmul (2 threads, default model); the bound holds for
         # any summation order. The plain layout where this torch cannot pack.
@@ -81,9 +98,11 @@ class ExactGreedyHead:
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows] int64
         hidden = hidden.float().contiguous()
+        small = hidden.shape[0] < ONEDNN_ROWS
         approx = self._approx(hidden)  # [rows, vocab] bfloat16
+        factors, c1 = (self.int8_factors, 1.0) if small else (self.weight_norms, self.c1)
         rows, cols, finite = torch.ops.eaglebatch.head_candidates(
-            approx, hidden.norm(dim=1), self.weight_norms, C1, C2, SLACK)
+            approx, hidden.norm(dim=1), factors, c1, C2, SLACK)
         if not finite:
             return self._full(hidden)
         exact = torch.ops.eaglebatch.panel_entries(hidden, self.head._packed, self.head.bias,
@@ -98,8 +117,9 @@ class ExactGreedyHead:
 
     def _approx(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[0] < ONEDNN_ROWS:
-            return torch.ops.eaglebatch.panel_linear(hidden, self.panels_bf16, None,
-                                                     self.head.out_features).bfloat16()
+            return torch.ops.eaglebatch.panel_linear(hidden, self.panels_int8, None,
+                                                     self.head.out_features,
+                                                     self.scales).bfloat16()
         if self._packed_bf16 is not None:
             return torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), self._packed_bf16, None,
                                                       "none", [], "")
@@ -109,3 +129,29 @@ class ExactGreedyHead:
     def _full(self, hidden: torch.Tensor) -> torch.Tensor:
         """The plain way: the whole float32 head, then its argmax."""
         return argmax_rows(self.head(hidden))
+
+
+def chain_error(terms: int) -> float:
+    """How far a float32 chain of `terms` multiply-adds (or products and sums) can be from the
+    exact sum, relative to the sum of the terms' magnitudes: n u / (1 - n u), u = 2^-24 (2^-14.8
+    for the default model's 576)."""
+    nu = terms * 2.0**-24
+    return nu / (1 - nu)
+
+
+def _int8_panels(weight: torch.Tensor, chain: float, chunk: int = 8192
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int8 panels, float32 scales padded to whole panels, per-output bound factors F_v of the
+    module docstring, rounded up; `chain`: chain_error of the hidden size) of a float32 [vocab,
+    hidden] weight. F_v in float64, `chunk`
+    rows at a time: s_v q_v and w_v are exact there, the norms' own error is far below the
+    2^-10 they are raised by."""
+    values, scales = quantize_int8(weight)
+    factors = []
+    for start in range(0, weight.shape[0], chunk):
+        w = weight[start:start + chunk].double()
+        sq = values[start:start + chunk].double() * scales[start:start + chunk].double()[:, None]
+        f = (w - sq).norm(dim=1) + chain * (w.norm(dim=1) + sq.norm(dim=1))
+        factors.append((f * (1 + 2.0**-10)).float())
+    panels = pack_panels(values).to(torch.int8)
+    return panels, F.pad(scales, (0, -len(scales) % PANEL)), torch.cat(factors)

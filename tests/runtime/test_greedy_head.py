@@ -17,8 +17,8 @@ from runtime.request import GenerationRequest
 
 
 def pick_candidates_with(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Which product picks the candidates, at any number of rows: bfloat16 panels ("panels",
-    used below ONEDNN_ROWS rows) or the bfloat16 product from ONEDNN_ROWS on (any other)."""
+    """Which product picks the candidates, at any number of rows: int8 panels ("panels", used
+    below ONEDNN_ROWS rows) or the bfloat16 product from ONEDNN_ROWS on (any other)."""
     monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", 10**9 if path == "panels" else 1)
 
 
@@ -63,6 +63,42 @@ def test_exact_head_equals_the_full_argmax(rows: int, kind: str,
     for scale in (0.1, 3.0, 30.0):  # flat to peaked logits: few to many candidates
         x = torch.randn(rows, 96, generator=g) * scale
         assert torch.equal(exact.argmax(x), argmax_rows(head(x)))
+
+
+@pytest.mark.parametrize("hidden", [96, 1500])
+def test_int8_bound_is_tight_enough_and_holds_where_it_is_reached(
+        hidden: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head built so that the int8 bound is nearly reached: row A = s (q + 0.49 sigma) rounds
+    to s q (each weight nearly half a step off, all along x = sigma), row B = s (q + tau) is
+    exact in int8, with tau = sigma on 45% of the coordinates. A wins the float32 head by
+    0.04 s m (m coordinates), but its int8 entry is 0.45 s m below B's: only a bound of at least
+    ~0.9 of |x| |e_A| = 0.49 s m keeps A a candidate."""
+    pick_candidates_with("panels", monkeypatch)
+    head = head_of(700, hidden, 4)
+    g = torch.Generator().manual_seed(hidden)
+    m = hidden - 1
+    sigma = torch.randint(0, 2, (hidden,), generator=g).float() * 2 - 1
+    sigma[0] = 0.0
+    q = torch.zeros(hidden)
+    q[0] = 127.0  # sets the rows' int8 scale to s = 1/127; x[0] = 0 below
+    tau = sigma * (torch.arange(hidden) % 20 < 9)  # 45% of the coordinates
+    s = 1.0 / 127
+    with torch.no_grad():
+        head.weight.mul_(0.01)  # the other rows lose clearly
+        head.weight[300] = s * (q + 0.49 * sigma)  # A
+        head.weight[500] = s * (q + tau)  # B
+    head._packed = pack_panels(head.weight.detach())
+    exact = ExactGreedyHead.for_head(head)
+    assert exact is not None
+    x = sigma[None, :].clone()
+    full = argmax_rows(head(x))
+    assert full.tolist() == [300]  # A wins exactly
+    approx = exact._approx(x).float()[0]
+    assert approx[500] - approx[300] > 0.4 * s * m  # but B leads the int8 product by far
+    assert exact.argmax(x).tolist() == [300]
+    candidates = torch.ops.eaglebatch.head_candidates(
+        exact._approx(x), x.norm(dim=1), exact.int8_factors * 0.8, 1.0, 2.0**-8, 1e-30)[1]
+    assert 300 not in candidates.tolist()  # a bound 20% short would have lost A
 
 
 @pytest.mark.parametrize("n", [5000, 4999])  # a multiple of 16, and a vector tail
