@@ -88,7 +88,10 @@ def test_round_ratios_pair_runs_of_the_same_round() -> None:
     assert round_ratios(summaries, (1, "engine", 3), (1, "engine", 0)) == [1.0, 1.8, 2.0]
     assert speedup_vs_k0(summaries, 1, 3) == 1.5  # 18 / 12: medians, not paired
     assert round_ratios(summaries, (1, "engine", 3), (1, "transformers", 0)) == []
-    assert ratio_cell(summaries, (1, "engine", 3), (1, "engine", 0)) == "1.50x (1.00-2.00)"
+    assert ratio_cell(summaries, (1, "engine", 3), (1, "engine", 0)) == \
+        "1.50x (1.00-2.00, rounds' median 1.80x)"
+    two_rounds = summarize(rows[:4])
+    assert ratio_cell(two_rounds, (1, "engine", 3), (1, "engine", 0)) == "1.33x (1.00-1.80)"
     one_round = summarize(rows[:2])
     assert ratio_cell(one_round, (1, "engine", 3), (1, "engine", 0)) == "1.80x"
 
