@@ -61,6 +61,10 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--draft-int8/--no-draft-int8", default=True, show_default=True,
               help="As in `generate`: on the CPU, run the drafter on int8 copies of its "
                    "weights (one scale per output); outputs are the same either way.")
+@click.option("--q4-panels/--no-q4-panels", default=False, show_default=True,
+              help="As in `generate`: on the CPU, small products of every engine variant read "
+                   "4-bit copies of weights that are exactly GGUF Q4_1 values; outputs are the "
+                   "same either way.")
 @click.option("--attention-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "torch", "cpu", "flash"]),
               help="Attention backend of the engine variants (as in `generate`).")
@@ -105,6 +109,7 @@ def bench(**options: Any) -> None:
             prompt_column=o["prompt_column"], num_prompts=o["num_prompts"],
             chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
             draft_confidence=o["draft_confidence"], draft_int8=o["draft_int8"],
+            q4_panels=o["q4_panels"],
             draft_ngram=o["draft_ngram"], draft_ngram_tokens=o["draft_ngram_tokens"],
             attention_backend=o["attention_backend"], cuda_graphs=o["cuda_graphs"],
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],

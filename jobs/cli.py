@@ -82,6 +82,11 @@ def main() -> None:
               help="On the CPU, run the drafter on int8 copies of its weights (one scale per "
                    "output): a draft step reads a quarter of the bytes of float32. Drafts may "
                    "differ slightly; outputs are the same either way (verification decides).")
+@click.option("--q4-panels/--no-q4-panels", default=False, show_default=True,
+              help="On the CPU, products of up to 6 rows (small batches) read 4-bit copies of "
+                   "the model's weights where every weight is exactly a GGUF Q4_1 value (the "
+                   "default model's decoder): the same bits, 3/16 of the bytes; ~3x faster "
+                   "decode steps at batch 1. Outputs are the same either way.")
 @click.option("--attention-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "torch", "cpu", "flash"]),
               help="auto: flash-attn on CUDA when installed, the C++ paged kernel on CPU when it "
@@ -191,7 +196,7 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         model=o["model"], drafter=_drafter(o["model"], o["drafter"]),
         num_speculative_tokens=o["num_speculative_tokens"],
         draft_confidence=o["draft_confidence"], draft_max_batch=o["draft_max_batch"] or None,
-        draft_int8=o["draft_int8"], draft_ngram=o["draft_ngram"],
+        draft_int8=o["draft_int8"], q4_panels=o["q4_panels"], draft_ngram=o["draft_ngram"],
         draft_ngram_tokens=o["draft_ngram_tokens"],
         attention_backend=o["attention_backend"], cuda_graphs=o["cuda_graphs"],
         dtype=o["dtype"], device=o["device"], kv_cache_memory=o["kv_cache_memory"],

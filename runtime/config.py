@@ -91,6 +91,10 @@ class EngineConfig:
     draft_int8: on the CPU (with the C++ kernels), run the drafter's float32 products on int8
         copies of its weights (one scale per output): a draft step reads a quarter of the bytes.
         Drafts may differ slightly (runtime.cpu_gemm); outputs are the same either way.
+    q4_panels: on the CPU (with the C++ kernels), give every target product whose float32
+        weights are all exactly GGUF Q4_1 values (fma(d, q, m), one d and m per 32 inputs: the
+        default model's decoder) 4-bit panels for steps of up to 6 rows: the same bits, 3/16 of
+        the bytes (runtime.cpu_gemm.q4_panels). Outputs are the same either way.
     draft_ngram: where a request's last 2-4 tokens occurred before in its prompt or output, draft
         the (up to k) tokens that followed them instead of the drafter's drafts
         (runtime.speculative.ngram). Greedy outputs are the same either way.
@@ -118,6 +122,7 @@ class EngineConfig:
     draft_confidence: float = 0.0  # 0: always k drafts; see the docstring
     draft_max_batch: int | None = None  # None: draft at any batch size; see the docstring
     draft_int8: bool = False  # CPU: the drafter's products on int8 weights; see the docstring
+    q4_panels: bool = False  # CPU: 4-bit panels where the weights are exactly Q4_1; see docstring
     draft_ngram: bool = False  # n-gram lookup drafts where the text repeats; see the docstring
     draft_ngram_tokens: int = 0  # lookup drafts of a lone greedy request; see the docstring
     cuda_graphs: bool = False  # CUDA: decode steps replayed from graphs; see the docstring

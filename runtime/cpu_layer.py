@@ -18,12 +18,12 @@ the plans to the modules' bits on every supported architecture).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from runtime.cpu_gemm import FusedPanels, PrepackedLinear, runs_on_panels
+from runtime.cpu_gemm import Q4_ROWS, FusedPanels, PrepackedLinear, runs_on_panels
 from runtime.cpu_kernels import load_cpu_kernels
 
 if TYPE_CHECKING:
@@ -51,6 +51,14 @@ class CpuLayerPlan:
         self.gate_up = (gate_up._packed, gate_up.bias, gate_up.splits, gate_up._scales)
         self.down_proj = (down_proj._packed, down_proj.bias, down_proj.out_features,
                           down_proj._scales)
+        # 4-bit panels (runtime.cpu_gemm.q4_panels) for products of up to Q4_ROWS rows, when
+        # all four products have them: the same bits, fewer bytes
+        qkv4, o4, gate_up4, down4 = qkv._q4, o_proj._q4, gate_up._q4, down_proj._q4
+        self.q4: tuple[tuple[Any, ...], ...] | None = None
+        if qkv4 is not None and o4 is not None and gate_up4 is not None and down4 is not None:
+            self.q4 = ((*qkv4, qkv.bias, qkv.splits), (*o4, o_proj.bias, o_proj.out_features),
+                       (*gate_up4, gate_up.bias, gate_up.splits),
+                       (*down4, down_proj.bias, down_proj.out_features))
 
     @staticmethod
     def build(layer: DecoderLayer) -> CpuLayerPlan | None:
@@ -90,9 +98,24 @@ class CpuLayerPlan:
     ) -> torch.Tensor:  # [num_tokens, hidden_size], the residual stream after this layer
         ops = torch.ops.eaglebatch
         n = x.shape[0]
+        if self.q4 is not None and n <= Q4_ROWS:
+            return self._run(x, residual, positions, rope, kv_cache, md, ops.panel_linear_q4,
+                             ops.panel_linear_parts_q4, *self.q4)
+        return self._run(x, residual, positions, rope, kv_cache, md, ops.panel_linear,
+                         ops.panel_linear_parts, self.qkv, self.o_proj, self.gate_up,
+                         self.down_proj)
+
+    def _run(self, x: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor,
+             rope: RotaryEmbedding, kv_cache: torch.Tensor, md: AttentionMetadata,
+             linear: Any, parts: Any, qkv: tuple[Any, ...], o_proj: tuple[Any, ...],
+             gate_up: tuple[Any, ...], down_proj: tuple[Any, ...]) -> torch.Tensor:
+        """The layer with `linear` / `parts` (float32 or 4-bit panel products) and the
+        arguments of each product after its input."""
+        ops = torch.ops.eaglebatch
+        n = x.shape[0]
         if self.input_norm is not None:
             x = ops.rms_norm(x, *self.input_norm)
-        q, k, v = ops.panel_linear_parts(x, *self.qkv)
+        q, k, v = parts(x, *qkv)
         q = q.view(n, self.heads, self.head_dim)
         k = k.view(n, self.kv_heads, self.head_dim)
         v = v.view(n, self.kv_heads, self.head_dim)
@@ -102,6 +125,6 @@ class CpuLayerPlan:
             k = ops.rms_norm(k.view(-1, self.head_dim), k_weight, eps).view(k.shape)
         q, k = ops.rope(q, k, rope.cos, rope.sin, positions)
         out = self.backend.forward(q, k, v, kv_cache, md)
-        h = residual + ops.panel_linear(out.view(n, -1), *self.o_proj)
-        gate, up = ops.panel_linear_parts(ops.rms_norm(h, *self.post_norm), *self.gate_up)
-        return h + ops.panel_linear(F.silu(gate, inplace=True).mul_(up), *self.down_proj)
+        h = residual + linear(out.view(n, -1), *o_proj)
+        gate, up = parts(ops.rms_norm(h, *self.post_norm), *gate_up)
+        return h + linear(F.silu(gate, inplace=True).mul_(up), *down_proj)

@@ -55,7 +55,8 @@ class Engine:
         k = config.draft_width  # drafts verified per request and step, at most
         positions = self.max_model_len + 2 * k + 2
         if target is None:
-            self.model = build_model(model_dir, self.hf_config, p, positions)
+            self.model = build_model(model_dir, self.hf_config, p, positions,
+                                     config.q4_panels)
         else:
             _check_shared_target(target, self.hf_config, p, positions)
             self.model = target

@@ -47,7 +47,8 @@ def place(config: EngineConfig) -> Placement:
 
 
 def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
-                max_positions: int) -> CausalLM:
+                max_positions: int, q4: bool = False) -> CausalLM:
+    """q4: 4-bit panels where the weights allow them (EngineConfig.q4_panels)."""
     if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model type {hf_config.model_type!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
@@ -61,7 +62,7 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(p.dtype).eval()
     if p.device.type == "cpu":
-        lay_out_for_cpu(model)
+        lay_out_for_cpu(model, q4=q4)
     return model
 
 

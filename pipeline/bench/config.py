@@ -36,6 +36,7 @@ class BenchConfig:
     ks: tuple[int, ...] = (0, 1, 2, 3, 5)
     draft_confidence: float = 0.0  # EngineConfig.draft_confidence of the k > 0 variants
     draft_int8: bool = False  # EngineConfig.draft_int8 of the k > 0 variants
+    q4_panels: bool = False  # EngineConfig.q4_panels of every engine variant
     draft_ngram: bool = False  # EngineConfig.draft_ngram of the k > 0 variants
     draft_ngram_tokens: int = 0  # EngineConfig.draft_ngram_tokens of the k > 0 variants
     attention_backend: str = "auto"

@@ -38,6 +38,7 @@ def engine_config(model_dir: Path, drafter: Path | None, k: int, batch_size: int
         device=base.device, kv_cache_memory=base.kv_cache_memory,
         max_num_batched_tokens=base.max_num_batched_tokens, enable_prefix_caching=False,
         draft_confidence=base.draft_confidence, draft_int8=base.draft_int8,
+        q4_panels=base.q4_panels,
         draft_ngram=base.draft_ngram, draft_ngram_tokens=base.draft_ngram_tokens,
         attention_backend=base.attention_backend, cuda_graphs=base.cuda_graphs)
     if config.kv_cache_memory is None:

@@ -58,7 +58,8 @@ def run_bench(config: BenchConfig) -> Path:
                         kv_cache_memory=config.kv_cache_memory,
                         max_num_batched_tokens=config.max_num_batched_tokens,
                         draft_confidence=config.draft_confidence,
-                        draft_int8=config.draft_int8, draft_ngram=config.draft_ngram,
+                        draft_int8=config.draft_int8, q4_panels=config.q4_panels,
+                        draft_ngram=config.draft_ngram,
                         draft_ngram_tokens=config.draft_ngram_tokens,
                         attention_backend=config.attention_backend,
                         cuda_graphs=config.cuda_graphs)

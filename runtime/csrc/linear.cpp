@@ -255,6 +255,24 @@ at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contig
   return y;
 }
 
+// One [rows, width] output per part, appended to `out`, and where each panel's columns go in them.
+Destinations part_destinations(const at::Tensor& x, at::IntArrayRef parts, int64_t num_panels,
+                               std::vector<at::Tensor>& out) {
+  const int64_t rows = x.size(0);
+  Destinations to{std::vector<float*>(num_panels), std::vector<int64_t>(num_panels)};
+  int64_t start = 0;
+  for (const int64_t width : parts) {
+    out.push_back(at::empty({rows, width}, x.options()));
+    float* y = out.back().data_ptr<float>();
+    for (int64_t col = start; col < start + width; col += kPanel) {
+      to.row0[col / kPanel] = y + (col - start);
+      to.stride[col / kPanel] = width;
+    }
+    start += width;
+  }
+  return to;
+}
+
 // panel_linear's product, its columns returned as separate [rows, width] tensors, one per part
 // (whole panels each, but the last): q, k and v of a fused product, or gate and up, each
 // contiguous at any row count. The same values as panel_linear's columns.
@@ -270,19 +288,8 @@ std::vector<at::Tensor> panel_linear_parts(const at::Tensor& x, const at::Tensor
   }
   const float* sc = check_product(x, panels, n, scales);
   const float* b = bias_data(bias, n, "panel_linear_parts");
-  const int64_t rows = x.size(0);
   std::vector<at::Tensor> out;
-  Destinations to{std::vector<float*>(panels.size(0)), std::vector<int64_t>(panels.size(0))};
-  int64_t start = 0;
-  for (const int64_t width : parts) {
-    out.push_back(at::empty({rows, width}, x.options()));
-    float* y = out.back().data_ptr<float>();
-    for (int64_t col = start; col < start + width; col += kPanel) {
-      to.row0[col / kPanel] = y + (col - start);
-      to.stride[col / kPanel] = width;
-    }
-    start += width;
-  }
+  const Destinations to = part_destinations(x, parts, panels.size(0), out);
   run_any(x, panels, sc, b, n, to);
   return out;
 }
@@ -335,6 +342,145 @@ at::Tensor panel_entries(const at::Tensor& x, const at::Tensor& panels,
   return y;
 }
 
+
+// 4-bit panels of weights that are exactly fma(d, q, m) (q in 0..15, one float32 d and m per 32
+// inputs and output column: GGUF's Q4_1, dequantized to float32 on load): row c of a panel holds
+// 32 bytes, byte j = q of column j | q of column j + 32 << 4, and dm[c / 32] holds d of the 64
+// columns, then m. Each weight is rebuilt as fma(d, q, m), which is exactly the float32 weight
+// (runtime.cpu_gemm.q4_panels checks every one), then enters the same FMA chain as in tile(): the
+// same bits as float32 panels, reading 3/16 of their bytes (0.5 byte + 8 bytes per 32 weights).
+// For products of up to kMaxRows rows (one tile), where reading the weights is the cost.
+constexpr int64_t kQ4Block = 32;         // inputs per d and m
+constexpr int64_t kQ4RowBytes = kPanel / 2;  // bytes per panel row
+
+template <int Rows>
+void tile_q4(const float* x, int64_t k, const uint8_t* nib, const float* dm, const float* bias,
+             float* y, int64_t ldy, int64_t cols) {
+  alignas(64) float out[Rows][kPanel];
+#ifdef __AVX512F__
+  constexpr int64_t ahead = 16;  // panel rows (512 bytes) fetched into L1 ahead
+  constexpr int64_t far = kFarBytes / kQ4RowBytes;  // and rows fetched into L2 ahead
+  __m512 acc[Rows][4];
+  for (int m = 0; m < Rows; ++m)
+    for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi32(0xF);
+  for (int64_t b = 0; b < k / kQ4Block; ++b) {
+    const float* d = dm + b * 2 * kPanel;
+    const __m512 d0 = _mm512_loadu_ps(d), d1 = _mm512_loadu_ps(d + 16);
+    const __m512 d2 = _mm512_loadu_ps(d + 32), d3 = _mm512_loadu_ps(d + 48);
+    const __m512 m0 = _mm512_loadu_ps(d + 64), m1 = _mm512_loadu_ps(d + 80);
+    const __m512 m2 = _mm512_loadu_ps(d + 96), m3 = _mm512_loadu_ps(d + 112);
+    for (int64_t line = 0; line < 8; ++line)  // the d and m of the block after next
+      _mm_prefetch(reinterpret_cast<const char*>(d + 4 * kPanel + 16 * line), _MM_HINT_T1);
+    for (int64_t c = b * kQ4Block; c < (b + 1) * kQ4Block; ++c) {
+      const uint8_t* row = nib + c * kQ4RowBytes;
+      if ((c & 1) == 0) {  // one 64-byte line holds two rows
+        _mm_prefetch(reinterpret_cast<const char*>(row + ahead * kQ4RowBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row + far * kQ4RowBytes), _MM_HINT_T1);
+      }
+      const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+      const __m512i hi =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16)));
+      const __m512 w0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(_mm512_and_si512(lo, nibble)), m0);
+      const __m512 w1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(_mm512_and_si512(hi, nibble)), m1);
+      const __m512 w2 = _mm512_fmadd_ps(d2, _mm512_cvtepi32_ps(_mm512_srli_epi32(lo, 4)), m2);
+      const __m512 w3 = _mm512_fmadd_ps(d3, _mm512_cvtepi32_ps(_mm512_srli_epi32(hi, 4)), m3);
+#pragma GCC unroll 8
+      for (int m = 0; m < Rows; ++m) {
+        const __m512 v = _mm512_set1_ps(x[m * k + c]);
+        acc[m][0] = _mm512_fmadd_ps(v, w0, acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(v, w1, acc[m][1]);
+        acc[m][2] = _mm512_fmadd_ps(v, w2, acc[m][2]);
+        acc[m][3] = _mm512_fmadd_ps(v, w3, acc[m][3]);
+      }
+    }
+  }
+  for (int m = 0; m < Rows; ++m)
+    for (int i = 0; i < 4; ++i) _mm512_store_ps(out[m] + 16 * i, acc[m][i]);
+#else
+  for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
+  for (int64_t c = 0; c < k; ++c) {
+    const uint8_t* row = nib + c * kQ4RowBytes;
+    const float* d = dm + (c / kQ4Block) * 2 * kPanel;
+    for (int64_t j = 0; j < kPanel; ++j) {
+      const int q = j < kPanel / 2 ? row[j] & 0xF : row[j - kPanel / 2] >> 4;
+      const float w = std::fma(d[j], static_cast<float>(q), d[kPanel + j]);
+      for (int m = 0; m < Rows; ++m) out[m][j] = std::fma(x[m * k + c], w, out[m][j]);
+    }
+  }
+#endif
+  for (int m = 0; m < Rows; ++m) {
+    if (bias != nullptr)
+      for (int64_t j = 0; j < cols; ++j) out[m][j] += bias[j];
+    std::memcpy(y + m * ldy, out[m], cols * sizeof(float));
+  }
+}
+
+// Checks a 4-bit product of n columns: x [rows <= kMaxRows, K], nibbles [panels, K, 32] uint8,
+// dm [panels, K / 32, 2, 64] float32.
+void check_q4(const at::Tensor& x, const at::Tensor& nib, const at::Tensor& dm, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
+              x.size(0) >= 1 && x.size(0) <= kMaxRows,
+              "panel_linear_q4: x must be a contiguous [1..6, K] float32 tensor");
+  const int64_t k = x.size(1), num_panels = nib.size(0);
+  TORCH_CHECK(k % kQ4Block == 0 && nib.is_contiguous() && nib.scalar_type() == at::kByte &&
+              nib.dim() == 3 && nib.size(1) == k && nib.size(2) == kQ4RowBytes &&
+              num_panels * kPanel >= n && (num_panels - 1) * kPanel < n,
+              "panel_linear_q4: nibbles must be [ceil(n / 64), K, 32] uint8, K a multiple of 32");
+  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kFloat && dm.dim() == 4 &&
+              dm.size(0) == num_panels && dm.size(1) == k / kQ4Block && dm.size(2) == 2 &&
+              dm.size(3) == kPanel, "panel_linear_q4: dm must be [panels, K / 32, 2, 64] float32");
+}
+
+void run_q4(const at::Tensor& x, const at::Tensor& nib, const at::Tensor& dm, const float* b,
+            int64_t n, const Destinations& to) {
+  const int64_t rows = x.size(0), k = x.size(1), num_panels = nib.size(0);
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* np = nib.data_ptr<uint8_t>();
+  const float* dp = dm.data_ptr<float>();
+  at::parallel_for(0, num_panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
+      const uint8_t* panel = np + p * k * kQ4RowBytes;
+      const float* pdm = dp + p * (k / kQ4Block) * 2 * kPanel;
+      const float* bp = b != nullptr ? b + col : nullptr;
+      float* y = to.row0[p];
+      const int64_t ld = to.stride[p];
+      switch (rows) {
+        case 6: tile_q4<6>(xp, k, panel, pdm, bp, y, ld, cols); break;
+        case 5: tile_q4<5>(xp, k, panel, pdm, bp, y, ld, cols); break;
+        case 4: tile_q4<4>(xp, k, panel, pdm, bp, y, ld, cols); break;
+        case 3: tile_q4<3>(xp, k, panel, pdm, bp, y, ld, cols); break;
+        case 2: tile_q4<2>(xp, k, panel, pdm, bp, y, ld, cols); break;
+        default: tile_q4<1>(xp, k, panel, pdm, bp, y, ld, cols); break;
+      }
+    }
+  });
+}
+
+at::Tensor panel_linear_q4(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& dm,
+                           const c10::optional<at::Tensor>& bias, int64_t n) {
+  check_q4(x, nibbles, dm, n);
+  const float* b = bias_data(bias, n, "panel_linear_q4");
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  run_q4(x, nibbles, dm, b, n, plain_destinations(y.data_ptr<float>(), n, nibbles.size(0)));
+  return y;
+}
+
+std::vector<at::Tensor> panel_linear_parts_q4(const at::Tensor& x, const at::Tensor& nibbles,
+                                              const at::Tensor& dm,
+                                              const c10::optional<at::Tensor>& bias,
+                                              at::IntArrayRef parts) {
+  int64_t n = 0;
+  for (const int64_t width : parts) n += width;
+  check_q4(x, nibbles, dm, n);
+  const float* b = bias_data(bias, n, "panel_linear_parts_q4");
+  std::vector<at::Tensor> out;
+  const Destinations to = part_destinations(x, parts, nibbles.size(0), out);
+  run_q4(x, nibbles, dm, b, n, to);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
@@ -344,10 +490,15 @@ TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
         "Tensor? scales=None) -> Tensor[]");
   m.def("panel_entries(Tensor x, Tensor panels, Tensor? bias, int n, Tensor row_ids, "
         "Tensor col_ids) -> Tensor");
+  m.def("panel_linear_q4(Tensor x, Tensor nibbles, Tensor dm, Tensor? bias, int n) -> Tensor");
+  m.def("panel_linear_parts_q4(Tensor x, Tensor nibbles, Tensor dm, Tensor? bias, int[] parts) "
+        "-> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {
   m.impl("panel_linear", &panel_linear);
   m.impl("panel_linear_parts", &panel_linear_parts);
   m.impl("panel_entries", &panel_entries);
+  m.impl("panel_linear_q4", &panel_linear_q4);
+  m.impl("panel_linear_parts_q4", &panel_linear_parts_q4);
 }
