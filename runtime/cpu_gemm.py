@@ -33,7 +33,7 @@ decoder layers with their own weights, so that they stream from memory as in a r
   panels (q4_panels): products of up to Q4_ROWS rows rebuild each weight exactly in the kernel
   and run the same FMA chain, the same bits, reading 3/16 of the float32 panels' bytes
   (EngineConfig.q4_panels; 30 layers of the default model at 1 / 3 / 6 rows: 14.3 / 14.6 / 14.7
-  -> 4.5 / 5.8 / 8.5 ms, AMD EPYC, 2 threads).
+  -> 4.5 / 5.8 / 8.5 ms, at 8 / 12 rows 14.0 / 16.3 -> 12.4 / 16.1, AMD EPYC, 2 threads).
 - In bfloat16: oneDNN on a prepacked copy for every product (with AMX, 30 layers of the default
   model at 64 rows: 16 ms against 26 with F.linear; 7.5 against 17 at one row). Without the C++
   kernels in float32: oneDNN for 2..48 decoder rows and from 2 head rows, BLAS otherwise.
@@ -61,7 +61,7 @@ ONEDNN_HEAD_ROWS = (2, None)
 ONEDNN_BF16_ROWS = (1, None)
 PANEL = 64  # output columns per panel (linear.cpp's kPanel)
 Q4_BLOCK = 32  # inputs per d and m of 4-bit panels
-Q4_ROWS = 6  # 4-bit panels run products of 1..Q4_ROWS rows (one register tile)
+Q4_ROWS = 12  # 4-bit panels run products of 1..Q4_ROWS rows (two register tiles)
 _PROBE_ROWS = 4
 
 

@@ -73,7 +73,7 @@ def _header(meta: dict[str, Any]) -> str:
         f"drafts {_lookups(config)}",
     ]
     if config.get("q4_panels"):
-        lines.append("- 4-bit panels (`--q4-panels`): the engines' products of up to 6 rows read "
+        lines.append("- 4-bit panels (`--q4-panels`): the engines' products of up to 12 rows read "
                      "4-bit copies of the weights that are exactly GGUF Q4_1 values (the same "
                      "bits)")
     if config.get("cuda_graphs"):

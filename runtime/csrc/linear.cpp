@@ -349,7 +349,9 @@ at::Tensor panel_entries(const at::Tensor& x, const at::Tensor& panels,
 // columns, then m. Each weight is rebuilt as fma(d, q, m), which is exactly the float32 weight
 // (runtime.cpu_gemm.q4_panels checks every one), then enters the same FMA chain as in tile(): the
 // same bits as float32 panels, reading 3/16 of their bytes (0.5 byte + 8 bytes per 32 weights).
-// For products of up to kMaxRows rows (one tile), where reading the weights is the cost.
+// For products of up to kQ4MaxRows rows (two tiles: the second reads the panel from L2), where
+// reading the weights is most of the cost.
+constexpr int64_t kQ4MaxRows = 2 * kMaxRows;
 constexpr int64_t kQ4Block = 32;         // inputs per d and m
 constexpr int64_t kQ4RowBytes = kPanel / 2;  // bytes per panel row
 
@@ -416,12 +418,12 @@ void tile_q4(const float* x, int64_t k, const uint8_t* nib, const float* dm, con
   }
 }
 
-// Checks a 4-bit product of n columns: x [rows <= kMaxRows, K], nibbles [panels, K, 32] uint8,
+// Checks a 4-bit product of n columns: x [rows <= kQ4MaxRows, K], nibbles [panels, K, 32] uint8,
 // dm [panels, K / 32, 2, 64] float32.
 void check_q4(const at::Tensor& x, const at::Tensor& nib, const at::Tensor& dm, int64_t n) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat &&
-              x.size(0) >= 1 && x.size(0) <= kMaxRows,
-              "panel_linear_q4: x must be a contiguous [1..6, K] float32 tensor");
+              x.size(0) >= 1 && x.size(0) <= kQ4MaxRows,
+              "panel_linear_q4: x must be a contiguous [1..12, K] float32 tensor");
   const int64_t k = x.size(1), num_panels = nib.size(0);
   TORCH_CHECK(k % kQ4Block == 0 && nib.is_contiguous() && nib.scalar_type() == at::kByte &&
               nib.dim() == 3 && nib.size(1) == k && nib.size(2) == kQ4RowBytes &&
@@ -444,15 +446,18 @@ void run_q4(const at::Tensor& x, const at::Tensor& nib, const at::Tensor& dm, co
       const uint8_t* panel = np + p * k * kQ4RowBytes;
       const float* pdm = dp + p * (k / kQ4Block) * 2 * kPanel;
       const float* bp = b != nullptr ? b + col : nullptr;
-      float* y = to.row0[p];
       const int64_t ld = to.stride[p];
-      switch (rows) {
-        case 6: tile_q4<6>(xp, k, panel, pdm, bp, y, ld, cols); break;
-        case 5: tile_q4<5>(xp, k, panel, pdm, bp, y, ld, cols); break;
-        case 4: tile_q4<4>(xp, k, panel, pdm, bp, y, ld, cols); break;
-        case 3: tile_q4<3>(xp, k, panel, pdm, bp, y, ld, cols); break;
-        case 2: tile_q4<2>(xp, k, panel, pdm, bp, y, ld, cols); break;
-        default: tile_q4<1>(xp, k, panel, pdm, bp, y, ld, cols); break;
+      for (int64_t m = 0; m < rows; m += kMaxRows) {
+        const float* xm = xp + m * k;
+        float* y = to.row0[p] + m * ld;
+        switch (std::min(kMaxRows, rows - m)) {
+          case 6: tile_q4<6>(xm, k, panel, pdm, bp, y, ld, cols); break;
+          case 5: tile_q4<5>(xm, k, panel, pdm, bp, y, ld, cols); break;
+          case 4: tile_q4<4>(xm, k, panel, pdm, bp, y, ld, cols); break;
+          case 3: tile_q4<3>(xm, k, panel, pdm, bp, y, ld, cols); break;
+          case 2: tile_q4<2>(xm, k, panel, pdm, bp, y, ld, cols); break;
+          default: tile_q4<1>(xm, k, panel, pdm, bp, y, ld, cols); break;
+        }
       }
     }
   });
