@@ -254,8 +254,8 @@ def prepack(linear: nn.Module, head: bool = False, int8: bool = False,
     if weight.dtype == torch.float32 and load_cpu_kernels():
         if int8:
             quantized, scales = quantize_int8(weight)
-            return _checked(linear, pack_panels(quantized).to(torch.int8), "panel", PANEL_ROWS,
-                            scales=F.pad(scales, (0, -len(scales) % PANEL)),
+            panels, padded = int8_panels(quantized, scales)
+            return _checked(linear, panels, "panel", PANEL_ROWS, scales=padded,
                             reference=quantized * scales.unsqueeze(1))
         panels = pack_panels(weight)
         if _exactly_bfloat16(weight):  # no bits lost: half the bytes
@@ -279,6 +279,12 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     peak = weight.detach().abs().amax(dim=1)
     scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
     return (weight.detach() / scales.unsqueeze(1)).round().clamp(-127, 127), scales
+
+
+def int8_panels(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_int8's (values, scales) as panel_linear takes them: int8 panels, and the
+    scales padded to whole panels."""
+    return pack_panels(values).to(torch.int8), F.pad(scales, (0, -len(scales) % PANEL))
 
 
 def _exactly_bfloat16(weight: torch.Tensor) -> bool:

@@ -43,9 +43,8 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 
-from runtime.cpu_gemm import PANEL, PrepackedLinear, pack_panels, quantize_int8
+from runtime.cpu_gemm import PrepackedLinear, int8_panels, quantize_int8
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
 
 C2 = 2.0**-8  # the product's bfloat16 output, rounded from float32 (2^-9, doubled)
@@ -143,9 +142,8 @@ def _int8_panels(weight: torch.Tensor, chain: float, chunk: int = 8192
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(int8 panels, float32 scales padded to whole panels, per-output bound factors F_v of the
     module docstring, rounded up; `chain`: chain_error of the hidden size) of a float32 [vocab,
-    hidden] weight. F_v in float64, `chunk`
-    rows at a time: s_v q_v and w_v are exact there, the norms' own error is far below the
-    2^-10 they are raised by."""
+    hidden] weight. F_v in float64, `chunk` rows at a time: s_v q_v and w_v are exact there,
+    the norms' own error is far below the 2^-10 they are raised by."""
     values, scales = quantize_int8(weight)
     factors = []
     for start in range(0, weight.shape[0], chunk):
@@ -153,5 +151,4 @@ def _int8_panels(weight: torch.Tensor, chain: float, chunk: int = 8192
         sq = values[start:start + chunk].double() * scales[start:start + chunk].double()[:, None]
         f = (w - sq).norm(dim=1) + chain * (w.norm(dim=1) + sq.norm(dim=1))
         factors.append((f * (1 + 2.0**-10)).float())
-    panels = pack_panels(values).to(torch.int8)
-    return panels, F.pad(scales, (0, -len(scales) % PANEL)), torch.cat(factors)
+    return (*int8_panels(values, scales), torch.cat(factors))

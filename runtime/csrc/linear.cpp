@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #ifdef __AVX512F__
@@ -62,6 +63,60 @@ inline __m512 load16(const bf16_bits* w) {
 inline __m512 load16(const int8_t* w) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+#endif
+
+// A tile's float32 sums out[m] (m < Rows), times scale[j] and + bias[j] where given, stored to
+// y[m][0 .. cols-1] (row stride ldy).
+template <int Rows>
+void store_tile(float (&out)[Rows][kPanel], const float* scale, const float* bias, float* y,
+                int64_t ldy, int64_t cols) {
+  for (int m = 0; m < Rows; ++m) {
+    if (scale != nullptr)
+      for (int64_t j = 0; j < cols; ++j) out[m][j] *= scale[j];
+    if (bias != nullptr)
+      for (int64_t j = 0; j < cols; ++j) out[m][j] += bias[j];
+    std::memcpy(y + m * ldy, out[m], cols * sizeof(float));
+  }
+}
+
+// Calls f(std::integral_constant<int, R>{}) for R = rows (1 .. kMaxRows): a tile function's
+// template argument from a run-time row count.
+template <typename F>
+void with_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+#ifdef __AVX512F__
+// One input c of a tile: acc[m][i] = fma(x[m][c], w_i, acc[m][i]) for its rows m and the panel
+// row's four 16-column parts w_i. Every panel kernel (float32, bfloat16, int8 and 4-bit weights)
+// runs this same chain, which is what makes their results the same bits.
+template <int Rows>
+inline __attribute__((always_inline)) void fma_rows(__m512 (&acc)[Rows][4], const float* x,
+                                                    int64_t k, int64_t c, __m512 w0, __m512 w1,
+                                                    __m512 w2, __m512 w3) {
+#pragma GCC unroll 8
+  for (int m = 0; m < Rows; ++m) {
+    const __m512 b = _mm512_set1_ps(x[m * k + c]);
+    acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+    acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+    acc[m][2] = _mm512_fmadd_ps(b, w2, acc[m][2]);
+    acc[m][3] = _mm512_fmadd_ps(b, w3, acc[m][3]);
+  }
+}
+
+// The accumulators to out[m][0 .. 63].
+template <int Rows>
+inline void store_acc(const __m512 (&acc)[Rows][4], float (&out)[Rows][kPanel]) {
+  for (int m = 0; m < Rows; ++m)
+    for (int i = 0; i < 4; ++i) _mm512_store_ps(out[m] + 16 * i, acc[m][i]);
 }
 #endif
 
@@ -104,19 +159,9 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
       for (int64_t line = 0; line < lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line, _MM_HINT_T1);
     }
-    const __m512 w0 = load16(w), w1 = load16(w + 16);
-    const __m512 w2 = load16(w + 32), w3 = load16(w + 48);
-#pragma GCC unroll 8
-    for (int m = 0; m < Rows; ++m) {
-      const __m512 b = _mm512_set1_ps(x[m * k + c]);
-      acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
-      acc[m][2] = _mm512_fmadd_ps(b, w2, acc[m][2]);
-      acc[m][3] = _mm512_fmadd_ps(b, w3, acc[m][3]);
-    }
+    fma_rows<Rows>(acc, x, k, c, load16(w), load16(w + 16), load16(w + 32), load16(w + 48));
   }
-  for (int m = 0; m < Rows; ++m)
-    for (int i = 0; i < 4; ++i) _mm512_store_ps(out[m] + 16 * i, acc[m][i]);
+  store_acc<Rows>(acc, out);
 #else
   (void)next, (void)phase, (void)every;
   for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
@@ -128,13 +173,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
     }
   }
 #endif
-  for (int m = 0; m < Rows; ++m) {
-    if (scale != nullptr)
-      for (int64_t j = 0; j < cols; ++j) out[m][j] *= scale[j];
-    if (bias != nullptr)
-      for (int64_t j = 0; j < cols; ++j) out[m][j] += bias[j];
-    std::memcpy(y + m * ldy, out[m], cols * sizeof(float));
-  }
+  store_tile<Rows>(out, scale, bias, y, ldy, cols);
 }
 
 // Where each panel's row 0 goes and its row stride: column 64p of a plain [rows, n] output, or,
@@ -184,14 +223,9 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, i
           const int64_t ld = to.stride[p];
           float* ym = to.row0[p] + m * ld;
           const int64_t t = (m - first) / kMaxRows;
-          switch (std::min(kMaxRows, last - m)) {
-            case 6: tile<6>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
-            case 5: tile<5>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
-            case 4: tile<4>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
-            case 3: tile<3>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
-            case 2: tile<2>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
-            default: tile<1>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count); break;
-          }
+          with_rows(std::min(kMaxRows, last - m), [&](auto rows) {
+            tile<decltype(rows)::value>(xm, k, panel, sp, bp, ym, ld, cols, next, t, count);
+          });
         }
       }
     });
@@ -387,18 +421,10 @@ void tile_q4(const float* x, int64_t k, const uint8_t* nib, const float* dm, con
       const __m512 w1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(_mm512_and_si512(hi, nibble)), m1);
       const __m512 w2 = _mm512_fmadd_ps(d2, _mm512_cvtepi32_ps(_mm512_srli_epi32(lo, 4)), m2);
       const __m512 w3 = _mm512_fmadd_ps(d3, _mm512_cvtepi32_ps(_mm512_srli_epi32(hi, 4)), m3);
-#pragma GCC unroll 8
-      for (int m = 0; m < Rows; ++m) {
-        const __m512 v = _mm512_set1_ps(x[m * k + c]);
-        acc[m][0] = _mm512_fmadd_ps(v, w0, acc[m][0]);
-        acc[m][1] = _mm512_fmadd_ps(v, w1, acc[m][1]);
-        acc[m][2] = _mm512_fmadd_ps(v, w2, acc[m][2]);
-        acc[m][3] = _mm512_fmadd_ps(v, w3, acc[m][3]);
-      }
+      fma_rows<Rows>(acc, x, k, c, w0, w1, w2, w3);
     }
   }
-  for (int m = 0; m < Rows; ++m)
-    for (int i = 0; i < 4; ++i) _mm512_store_ps(out[m] + 16 * i, acc[m][i]);
+  store_acc<Rows>(acc, out);
 #else
   for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
   for (int64_t c = 0; c < k; ++c) {
@@ -411,11 +437,7 @@ void tile_q4(const float* x, int64_t k, const uint8_t* nib, const float* dm, con
     }
   }
 #endif
-  for (int m = 0; m < Rows; ++m) {
-    if (bias != nullptr)
-      for (int64_t j = 0; j < cols; ++j) out[m][j] += bias[j];
-    std::memcpy(y + m * ldy, out[m], cols * sizeof(float));
-  }
+  store_tile<Rows>(out, nullptr, bias, y, ldy, cols);
 }
 
 // Checks a 4-bit product of n columns: x [rows <= kQ4MaxRows, K], nibbles [panels, K, 32] uint8,
@@ -450,14 +472,9 @@ void run_q4(const at::Tensor& x, const at::Tensor& nib, const at::Tensor& dm, co
       for (int64_t m = 0; m < rows; m += kMaxRows) {
         const float* xm = xp + m * k;
         float* y = to.row0[p] + m * ld;
-        switch (std::min(kMaxRows, rows - m)) {
-          case 6: tile_q4<6>(xm, k, panel, pdm, bp, y, ld, cols); break;
-          case 5: tile_q4<5>(xm, k, panel, pdm, bp, y, ld, cols); break;
-          case 4: tile_q4<4>(xm, k, panel, pdm, bp, y, ld, cols); break;
-          case 3: tile_q4<3>(xm, k, panel, pdm, bp, y, ld, cols); break;
-          case 2: tile_q4<2>(xm, k, panel, pdm, bp, y, ld, cols); break;
-          default: tile_q4<1>(xm, k, panel, pdm, bp, y, ld, cols); break;
-        }
+        with_rows(std::min(kMaxRows, rows - m), [&](auto r) {
+          tile_q4<decltype(r)::value>(xm, k, panel, pdm, bp, y, ld, cols);
+        });
       }
     }
   });
