@@ -52,6 +52,12 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="As in `generate`: drafts are cut, and drafting stops, where the drafter's "
                    "probability of the drafts so far falls below this (a greedy request alone "
                    "still verifies the draft that fell below); 0 always drafts k.")
+@click.option("--draft-max-batch", default=0, show_default=True, type=click.IntRange(0),
+              help="As in `generate`: greedy requests get no drafts in steps with more than "
+                   "this many requests. 0 (here the default): the k > 0 variants draft at every "
+                   "batch size, so the report shows what drafting itself gains or loses there; "
+                   "pass `generate`'s default (4) to measure its policy of drafting only as "
+                   "a batch drains.")
 @click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
               help="As in `generate`: n-gram lookup drafts where the text repeats.")
 @click.option("--draft-ngram-tokens", default=CLI_DRAFT_NGRAM_TOKENS, show_default=True,
@@ -109,7 +115,7 @@ def bench(**options: Any) -> None:
             prompt_column=o["prompt_column"], num_prompts=o["num_prompts"],
             chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
             draft_confidence=o["draft_confidence"], draft_int8=o["draft_int8"],
-            q4_panels=o["q4_panels"],
+            q4_panels=o["q4_panels"], draft_max_batch=o["draft_max_batch"] or None,
             draft_ngram=o["draft_ngram"], draft_ngram_tokens=o["draft_ngram_tokens"],
             attention_backend=o["attention_backend"], cuda_graphs=o["cuda_graphs"],
             max_tokens=o["max_tokens"], baseline=o["baseline"], repeats=o["repeats"],

@@ -318,31 +318,44 @@ def q4_panels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     q in 0..15, with one d and m per Q4_BLOCK inputs of each output (GGUF's Q4_1 dequantized):
     (nibbles [panels, in, 32] uint8, byte j of panel row c = q of column j | q of column j + 32
     << 4; dm [panels, in / 32, 2, 64] float32: d of the 64 columns, then m). None when `in` is
-    not a multiple of Q4_BLOCK or when any weight is not rebuilt bit for bit. Per block, m is
-    its least value (q = 0) and d its range / 15 in float16, as llama.cpp's quantizer sets
-    them; fma(d, q, m) is exact in float64 and rounds once to float32, as the kernel's FMA does."""
+    not a multiple of Q4_BLOCK or when any weight is not rebuilt bit for bit."""
     out_features, in_features = weight.shape
     if in_features % Q4_BLOCK or weight.dtype != torch.float32:
         return None
-    w = weight.detach().reshape(out_features, in_features // Q4_BLOCK, Q4_BLOCK)
+    blocks = in_features // Q4_BLOCK
+    num_panels = -(-out_features // PANEL)
+    codes = torch.zeros(num_panels * PANEL, in_features, dtype=torch.uint8)
+    dm = torch.zeros(2, num_panels * PANEL, blocks)
+    w = weight.detach().reshape(out_features, blocks, Q4_BLOCK)
+    for start in range(0, out_features, _Q4_CHECK_ROWS):  # temporaries that stay in cache
+        found = _q4_codes(w[start:start + _Q4_CHECK_ROWS])
+        if found is None:
+            return None
+        stop = start + found[0].shape[0]
+        codes[start:stop] = found[0].reshape(stop - start, in_features)
+        dm[0, start:stop], dm[1, start:stop] = found[1], found[2]
+    codes = codes.view(num_panels, PANEL, in_features).transpose(1, 2)  # [panels, in, 64]
+    nibbles = (codes[..., :PANEL // 2] | (codes[..., PANEL // 2:] << 4)).contiguous()
+    return nibbles, dm.view(2, num_panels, PANEL, blocks).permute(1, 3, 0, 2).contiguous()
+
+
+_Q4_CHECK_ROWS = 256  # outputs checked at a time by q4_panels
+
+
+def _q4_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(q uint8 [n, blocks, 32], d [n, blocks], m [n, blocks]) of float32 weights [n, blocks,
+    32] that are all exactly fma(d, q, m), else None. Per block, m is its least value (q = 0)
+    and d its range / 15 in float16, as llama.cpp's quantizer sets them (in float32). d * q is
+    exact in float32 (11 + 4 significant bits), so d * q + m rounds once, as an FMA does: the
+    check below is the kernel's own rebuild, bit for bit."""
     low = w.amin(dim=-1)
     if not bool(torch.isfinite(low).all()) or not torch.equal(low.half().float(), low):
         return None
-    d = ((w.amax(dim=-1).double() - low.double()) / 15).half().double()
+    d = ((w.amax(dim=-1) - low) / 15).half().float()
     if not bool(torch.isfinite(d).all()):
         return None
-    shifted = w.double() - low.double().unsqueeze(-1)
-    q = torch.where(d.unsqueeze(-1) > 0, shifted / d.clamp(min=1e-30).unsqueeze(-1),
-                    torch.zeros_like(shifted)).round().clamp(0, 15)
-    rebuilt = (d.unsqueeze(-1) * q + low.double().unsqueeze(-1)).float()
+    q = (w - low.unsqueeze(-1)).div_(d.clamp(min=1e-30).unsqueeze(-1)).round_().clamp_(0, 15)
+    rebuilt = torch.addcmul(low.unsqueeze(-1), d.unsqueeze(-1), q)
     if not torch.equal(rebuilt.view(torch.int32), w.view(torch.int32)):
         return None
-    num_panels = -(-out_features // PANEL)
-    pad = num_panels * PANEL - out_features
-    codes = F.pad(q.reshape(out_features, in_features).to(torch.uint8), (0, 0, 0, pad))
-    codes = codes.view(num_panels, PANEL, in_features).transpose(1, 2)  # [panels, in, 64]
-    nibbles = (codes[..., :PANEL // 2] | (codes[..., PANEL // 2:] << 4)).contiguous()
-    blocks = in_features // Q4_BLOCK
-    dm = torch.stack([F.pad(d.float(), (0, 0, 0, pad)), F.pad(low, (0, 0, 0, pad))])
-    dm = dm.view(2, num_panels, PANEL, blocks).permute(1, 3, 0, 2).contiguous()
-    return nibbles, dm
+    return q.to(torch.uint8), d, low

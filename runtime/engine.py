@@ -37,9 +37,10 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig, target: CausalLM | None = None) -> None:
-        """target: the model of another Engine over the same checkpoint, dtype, device and
-        attention backend, built for at least as many positions, to run on the same weights
-        (a bench holds several variants at once: one copy of the weights instead of one each)."""
+        """target: the model of another Engine over the same checkpoint, dtype, device,
+        attention backend and q4_panels setting, built for at least as many positions, to run
+        on the same weights (a bench holds several variants at once: one copy of the weights
+        instead of one each)."""
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)  # process-wide, like OMP_NUM_THREADS
@@ -58,7 +59,7 @@ class Engine:
             self.model = build_model(model_dir, self.hf_config, p, positions,
                                      config.q4_panels)
         else:
-            _check_shared_target(target, self.hf_config, p, positions)
+            _check_shared_target(target, self.hf_config, p, positions, config.q4_panels)
             self.model = target
         specs = target_specs(self.hf_config, self.model, p, self.max_model_len)
         self.proposer = None
@@ -234,7 +235,7 @@ def _error_completion(request: GenerationRequest, error: str) -> Completion:
 
 
 def _check_shared_target(target: CausalLM, hf_config: PretrainedConfig, p: Placement,
-                         positions: int) -> None:
+                         positions: int, q4_panels: bool) -> None:
     weight = target.model.embed_tokens.weight
     if target.config.to_dict() != hf_config.to_dict():
         raise ValueError("the shared target model was built from another checkpoint")
@@ -244,6 +245,9 @@ def _check_shared_target(target: CausalLM, hf_config: PretrainedConfig, p: Place
     if target.rope.cos.shape[0] < positions:
         raise ValueError(f"the shared target model has rotary tables for "
                          f"{target.rope.cos.shape[0]} positions, this engine needs {positions}")
+    if target.q4_panels != q4_panels:
+        raise ValueError(f"the shared target model was built with q4_panels={target.q4_panels}, "
+                         f"this engine has q4_panels={q4_panels}")
 
 
 def decode_graphs(engine: Engine, caches: dict[str, torch.Tensor]) -> DecodeGraphs:

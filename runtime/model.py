@@ -205,6 +205,7 @@ class CausalLM(nn.Module):
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
+        self.q4_panels = False  # built with EngineConfig.q4_panels (runtime.setup.build_model)
 
     @property
     def layer_names(self) -> list[str]:

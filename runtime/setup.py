@@ -63,6 +63,7 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     model = model.to(p.dtype).eval()
     if p.device.type == "cpu":
         lay_out_for_cpu(model, q4=q4)
+    model.q4_panels = q4
     return model
 
 

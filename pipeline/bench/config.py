@@ -36,6 +36,7 @@ class BenchConfig:
     ks: tuple[int, ...] = (0, 1, 2, 3, 5)
     draft_confidence: float = 0.0  # EngineConfig.draft_confidence of the k > 0 variants
     draft_int8: bool = False  # EngineConfig.draft_int8 of the k > 0 variants
+    draft_max_batch: int | None = None  # EngineConfig.draft_max_batch of the k > 0 variants
     q4_panels: bool = False  # EngineConfig.q4_panels of every engine variant
     draft_ngram: bool = False  # EngineConfig.draft_ngram of the k > 0 variants
     draft_ngram_tokens: int = 0  # EngineConfig.draft_ngram_tokens of the k > 0 variants
@@ -65,6 +66,9 @@ class BenchConfig:
             raise JobError("--repeats and --max-tokens must be >= 1")
         if self.threads is not None and self.threads < 1:
             raise JobError(f"--threads must be >= 1, got {self.threads}")
+        if self.draft_max_batch is not None and self.draft_max_batch < 1:
+            raise JobError(f"--draft-max-batch must be >= 1 (or 0: any batch), "
+                           f"got {self.draft_max_batch}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise JobError(f"--num-prompts must be >= 1, got {self.num_prompts}")
         if self.ceiling and (0 not in self.ks or not self.speculative_ks):

@@ -30,15 +30,16 @@ _KV_SLACK = 1.25
 def engine_config(model_dir: Path, drafter: Path | None, k: int, batch_size: int,
                   workload: Workload, base: EngineConfig) -> EngineConfig:
     """base carries dtype, device, kv_cache_memory (None: sized here), the token budget, the
-    draft confidence, the int8 and n-gram switches of drafting and the attention backend.
-    Prefix caching is off so that repeats of the same prompts do not hit the cache."""
+    draft confidence and largest drafting batch, the int8 and n-gram switches of drafting and
+    the attention backend. Prefix caching is off so that repeats of the same prompts do not hit
+    the cache."""
     config = EngineConfig(
         model=str(model_dir), drafter=str(drafter) if k and drafter else None,
         num_speculative_tokens=max(k, 1), max_num_seqs=batch_size, dtype=base.dtype,
         device=base.device, kv_cache_memory=base.kv_cache_memory,
         max_num_batched_tokens=base.max_num_batched_tokens, enable_prefix_caching=False,
         draft_confidence=base.draft_confidence, draft_int8=base.draft_int8,
-        q4_panels=base.q4_panels,
+        draft_max_batch=base.draft_max_batch, q4_panels=base.q4_panels,
         draft_ngram=base.draft_ngram, draft_ngram_tokens=base.draft_ngram_tokens,
         attention_backend=base.attention_backend, cuda_graphs=base.cuda_graphs)
     if config.kv_cache_memory is None:

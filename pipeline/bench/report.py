@@ -72,6 +72,10 @@ def _header(meta: dict[str, Any]) -> str:
         f"weights {_drafter_weights(config, meta)}; n-gram lookup "
         f"drafts {_lookups(config)}",
     ]
+    if config.get("draft_max_batch"):
+        lines.append(f"- greedy requests draft only in steps of at most "
+                     f"{config['draft_max_batch']} requests (`--draft-max-batch`, as `generate` "
+                     f"does): larger steps of the k > 0 variants run without drafts")
     if config.get("q4_panels"):
         lines.append("- 4-bit panels (`--q4-panels`): the engines' products of up to 12 rows read "
                      "4-bit copies of the weights that are exactly GGUF Q4_1 values (the same "

@@ -59,6 +59,7 @@ def run_bench(config: BenchConfig) -> Path:
                         max_num_batched_tokens=config.max_num_batched_tokens,
                         draft_confidence=config.draft_confidence,
                         draft_int8=config.draft_int8, q4_panels=config.q4_panels,
+                        draft_max_batch=config.draft_max_batch,
                         draft_ngram=config.draft_ngram,
                         draft_ngram_tokens=config.draft_ngram_tokens,
                         attention_backend=config.attention_backend,
@@ -107,10 +108,11 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                       baseline: TransformersBaseline | None,
                       bandwidth: float | None) -> list[tuple[int, RunRecord]]:
     """(repeat, record) of every timed run, in the order they ran."""
-    # --ceiling: always k drafts (no confidence cut), replaced by the k = 0 run's tokens; they
+    # --ceiling: always k drafts (no confidence cut, at any batch), replaced by the k = 0 run's
+    # tokens; they
     # run after k = 0 in every round, so its first run's outputs are there in time
     wanted = [(ENGINE, k, base) for k in config.ks] + [
-        (CEILING, k, replace(base, draft_confidence=0.0))
+        (CEILING, k, replace(base, draft_confidence=0.0, draft_max_batch=None))
         for k in (config.speculative_ks if config.ceiling else ())]
     # One copy of the target's weights for all variants: the largest k is built first (its
     # rotary tables cover the most positions) and the others run on its model.

@@ -54,3 +54,7 @@ def test_a_target_that_does_not_fit_the_engine_is_refused(tiny_model_dir: Path) 
     with pytest.raises(ValueError, match="is torch.float32 on cpu, this engine runs "
                                          "torch.bfloat16 on cpu"):
         Engine(_config(tiny_model_dir, dtype="bfloat16"), target=small.model)
+    with pytest.raises(ValueError, match="built with q4_panels=False, this engine has "
+                                         "q4_panels=True"):
+        Engine(_config(tiny_model_dir, num_speculative_tokens=1, q4_panels=True),
+               target=small.model)
