@@ -20,6 +20,7 @@ from pipeline.config import JobError
 from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE, Manifest, load_manifest
 from pipeline.sources import part_name
 from pipeline.stats import STATS_FILE, Counts, total
+from runtime.loader import default_drafter
 
 REPORT_FILE = "report.md"
 PLOTS = {"throughput": "shard_tokens_per_s.png", "acceptance": "acceptance_by_position.png",
@@ -98,8 +99,7 @@ def _header(directory: str, manifest: Manifest | None, committed: int, done: boo
     state = "complete (_SUCCESS written)" if done else "not complete"
     lines += [
         f"- {committed} of {manifest.num_shards} shards committed; {state}",
-        f"- model `{config.get('model')}`; drafter "
-        f"{'`' + str(config['drafter']) + '`' if config.get('drafter') else 'none'}"
+        f"- model `{config.get('model')}`; drafter {_drafter_label(config)}"
         + (f", k = {config.get('num_speculative_tokens')}, drafts cut below confidence "
            f"{config.get('draft_confidence', 0.0)}"
            + (", int8 drafter weights" if config.get("draft_int8") else "")
@@ -110,6 +110,17 @@ def _header(directory: str, manifest: Manifest | None, committed: int, done: boo
         f"{len(manifest.inputs)} input file(s)",
     ]
     return "\n".join(lines)
+
+
+def _drafter_label(config: dict[str, Any]) -> str:
+    """The job's drafter: 'shipped (name)' for the one shipped with the model, else its path."""
+    drafter = config.get("drafter")
+    if not drafter:
+        return "none"
+    shipped = default_drafter(str(config.get("model")))
+    if shipped is not None and os.path.abspath(drafter) == str(shipped):
+        return f"shipped ({shipped.name})"
+    return f"`{drafter}`"
 
 
 def _totals(c: Counts) -> str:

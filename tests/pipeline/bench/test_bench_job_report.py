@@ -12,6 +12,8 @@ from jobs.cli import main
 from pipeline.bench.job_report import PLOTS
 from pipeline.manifest import Manifest
 from pipeline.stats import Counts, write_stats
+from runtime.config import DEFAULT_MODEL
+from runtime.loader import default_drafter
 from tests.pipeline.bench.conftest import BENCH_PROMPTS
 from tests.pipeline.helpers import write_parquet
 
@@ -81,3 +83,22 @@ def test_report_of_a_directory_without_job_outputs_is_a_user_error(tmp_path: Pat
     code, _, stderr = _report(str(tmp_path))
     assert code == 2
     assert stderr.startswith(f"error: {tmp_path} has no manifest.json, stats.parquet")
+
+
+def test_the_shipped_drafter_is_named_not_its_install_path(tmp_path: Path) -> None:
+    shipped = default_drafter(DEFAULT_MODEL)
+    assert shipped is not None
+    shards = {0: Counts(rows=1, prompt_tokens=5, completion_tokens=8, wall_seconds=1.0,
+                        drafted=6, accepted=3, draft_steps=4)}
+    for name, drafter, label in (
+            ("a", str(shipped), f"drafter shipped ({shipped.name}), k = 2"),
+            ("b", str(tmp_path / "mine"), f"drafter `{tmp_path / 'mine'}`, k = 2")):
+        job = tmp_path / name
+        job.mkdir()
+        Manifest({"model": DEFAULT_MODEL, "drafter": drafter, "num_speculative_tokens": 2,
+                  "sampling": {"max_tokens": 8}, "n": 1, "shard_rows": 1},
+                 [{"path": "in.parquet"}], 1, shards).save(str(job))
+        write_stats(str(job), shards)
+        code, _, stderr = _report(str(job))
+        assert code == 0, stderr
+        assert f"- model `{DEFAULT_MODEL}`; {label}" in (job / "report.md").read_text()
