@@ -47,7 +47,7 @@ F.linear on a probe, the Linear stays plain.
 from __future__ import annotations
 
 import ctypes
-from typing import TypeGuard
+from typing import TypeGuard, cast
 
 import torch
 import torch.nn.functional as F
@@ -65,21 +65,33 @@ Q4_ROWS = 12  # 4-bit panels run products of 1..Q4_ROWS rows (two register tiles
 _PROBE_ROWS = 4
 
 
-def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False) -> None:
+def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
+                    release_weights: bool = False) -> None:
     """Transposed storage for every Linear under `module` and a packed copy for each; call once
     after the weights are loaded and cast. `module.lm_head`, if any, is packed as the head.
     int8: float32 weights get int8 panels (their products change: only for a drafter).
     q4: weights that are exactly Q4_1 values also get 4-bit panels (the same products).
+    release_weights: a Linear whose products of every row count run on its packed copy lets go
+    of its original weight, each right after packing (PrepackedLinear.release_weight): the
+    engine holds one copy of those weights, not two (inference only: they leave state_dict).
+    Not the head, and not a weight tied to an embedding.
     Then every submodule with a `fuse_for_cpu` method (attention's q/k/v, the MLP's gate/up)
     gets to join its products on one input into one call (FusedPanels), and every one with a
     `plan_for_cpu` method (a decoder layer) gets its kernels as one flat call
     (runtime.cpu_layer)."""
     transpose_linear_weights(module)
+    embedded = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 is_head = parent is module and name == "lm_head"
-                setattr(parent, name, prepack(child, head=is_head, int8=int8, q4=q4))
+                packed = prepack(child, head=is_head, int8=int8, q4=q4)
+                setattr(parent, name, packed)
+                if (release_weights and not is_head and id(child.weight) not in embedded
+                        and isinstance(packed, PrepackedLinear)):
+                    packed.release_weight()
+    if release_weights:
+        _return_freed_memory()
     for sub in list(module.modules()):
         fuse = getattr(sub, "fuse_for_cpu", None)
         if callable(fuse):
@@ -206,12 +218,13 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 class PrepackedLinear(nn.Module):
     """A Linear that runs products of `rows` (min, max or None) rows on a packed copy of its
     weight: panels for panel_linear (`kernel` "panel") or a oneDNN packing ("onednn"), and the
-    rest on `weight` itself (F.linear). `weight` and `bias` are the original Parameters."""
+    rest on `weight` itself (F.linear). `weight` and `bias` are the original Parameters;
+    `weight` is None once released (release_weight)."""
 
     def __init__(self, linear: nn.Linear, packed: torch.Tensor, kernel: str,
                  rows: tuple[int, int | None], scales: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.weight = linear.weight
+        self.weight: nn.Parameter | None = cast(nn.Parameter, linear.weight)
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.kernel = kernel
@@ -222,10 +235,25 @@ class PrepackedLinear(nn.Module):
         # (nibbles, d and m) of 4-bit panels that give the same bits (q4_panels), or None
         self._q4: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    @property
+    def covers_all_rows(self) -> bool:
+        """Whether products of every row count run on the packed copy (never on `weight`)."""
+        return self.rows[0] <= 1 and self.rows[1] is None
+
+    def release_weight(self) -> None:
+        """Drops the original weight where the packed copy serves every product (no-op
+        elsewhere): the module keeps computing the same values, from one copy. For inference
+        only: the weight leaves parameters() and state_dict()."""
+        if self.covers_all_rows:
+            self.weight = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // self.in_features
+        if n == 0:
+            return x.new_empty(*x.shape[:-1], self.out_features)
         low, high = self.rows
         if n < low or (high is not None and n > high):
+            assert self.weight is not None  # kept: rows outside the packed copy's range
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(n, self.in_features).contiguous()
         if self._q4 is not None and n <= Q4_ROWS:

@@ -61,6 +61,7 @@ class ExactGreedyHead:
     the head's own panels."""
 
     def __init__(self, head: PrepackedLinear) -> None:
+        assert head.weight is not None, "the head keeps its weight (lay_out_for_cpu)"
         weight = head.weight.detach()
         self.head = head
         chain = chain_error(weight.shape[1])
@@ -86,7 +87,8 @@ class ExactGreedyHead:
         if (os.environ.get("EAGLEBATCH_EXACT_HEAD", "1") == "0"
                 or not isinstance(head, PrepackedLinear) or head.kernel != "panel"
                 or head.bias is not None
-                or head._scales is not None or head.weight.dtype != torch.float32
+                or head._scales is not None or head.weight is None
+                or head.weight.dtype != torch.float32
                 or head.weight.device.type != "cpu" or not load_cpu_kernels()):
             return None
         built = head.exact_greedy_head

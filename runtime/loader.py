@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,18 +136,27 @@ def load_state_dict(model_dir: Path, dtype: torch.dtype,
 
     lm_head.weight is absent when the checkpoint ties it to model.embed_tokens.weight.
     """
+    return dict(iter_state_dict(model_dir, dtype, device))
+
+
+def iter_state_dict(model_dir: Path, dtype: torch.dtype, device: torch.device | str = "cpu"
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """load_state_dict's (name, tensor) pairs one at a time: a caller that copies each into
+    its model and drops it holds one tensor (a .bin file: one shard) beside the model, not the
+    whole checkpoint."""
     model_dir = Path(model_dir)
     files = _weight_files(model_dir, "model.safetensors", "*.safetensors")
     if files:
-        return _load_safetensors(files, dtype, torch.device(device))
+        yield from _iter_safetensors(files, dtype, torch.device(device))
+        return
     files = _weight_files(model_dir, "pytorch_model.bin", "pytorch_model*.bin")
     if not files:
         raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {model_dir}")
-    state_dict: dict[str, torch.Tensor] = {}
     for file in files:
         shard = torch.load(file, map_location="cpu", weights_only=True)
-        state_dict.update({k: _cast(t, dtype, torch.device(device)) for k, t in shard.items()})
-    return state_dict
+        while shard:
+            key = next(iter(shard))
+            yield key, _cast(shard.pop(key), dtype, torch.device(device))
 
 
 def _weight_files(model_dir: Path, single: str, pattern: str) -> list[Path]:
@@ -158,14 +168,12 @@ def _weight_files(model_dir: Path, single: str, pattern: str) -> list[Path]:
     return sorted(model_dir.glob(pattern))
 
 
-def _load_safetensors(files: list[Path], dtype: torch.dtype,
-                      device: torch.device) -> dict[str, torch.Tensor]:
-    state_dict = {}
+def _iter_safetensors(files: list[Path], dtype: torch.dtype,
+                      device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as shard:
             for key in shard.keys():
-                state_dict[key] = _cast(shard.get_tensor(key), dtype, device)
-    return state_dict
+                yield key, _cast(shard.get_tensor(key), dtype, device)
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

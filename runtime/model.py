@@ -7,7 +7,7 @@ dict[layer_name, AttentionMetadata]; every layer looks up its own entry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 import torch
@@ -237,17 +237,25 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         return self.lm_head(hidden)
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copies a Hugging Face state dict in; a name the model lacks is an error."""
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]
+                     | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies a Hugging Face state dict in (a mapping, or its (name, tensor) pairs one at a
+        time, each dropped once copied: runtime.loader.iter_state_dict); a name the model
+        lacks, or a parameter the checkpoint lacks, is an error."""
         params = dict(self.named_parameters())
-        missing = set(params) - set(state_dict)
+        pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
+        seen: set[str] = set()
+        ignored: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in pairs:
+                if name in params:
+                    params[name].copy_(tensor)
+                    seen.add(name)
+                elif "rotary_emb" not in name:
+                    ignored.add(name)
+        missing = set(params) - seen
         if getattr(self.config, "tie_word_embeddings", False):
             missing.discard("lm_head.weight")
-        ignored = {k for k in state_dict if k not in params and "rotary_emb" not in k}
         if missing or ignored:
             raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
                              f"unexpected {sorted(ignored)[:5]}")
-        with torch.no_grad():
-            for name, tensor in state_dict.items():
-                if name in params:
-                    params[name].copy_(tensor)

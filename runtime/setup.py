@@ -15,7 +15,7 @@ from runtime.cpu_gemm import lay_out_for_cpu
 from runtime.kv.cache import allocate_kv_caches
 from runtime.kv.groups import KVCacheConfig, make_kv_cache_config, validate_same_kv_cache_group
 from runtime.kv.spec import AttentionSpec
-from runtime.loader import load_state_dict
+from runtime.loader import iter_state_dict
 from runtime.model import SUPPORTED_MODEL_TYPES, CausalLM, head_dim_of, layer_windows
 from runtime.rope import RotaryEmbedding
 
@@ -57,12 +57,12 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     model = model.to_empty(device=p.device)
     # rope tables are computed, not loaded: rebuild them off the meta device
     model.rope = RotaryEmbedding(hf_config, head_dim_of(hf_config), max_positions).to(p.device)
-    model.load_weights(load_state_dict(model_dir, p.dtype, p.device))
+    model.load_weights(iter_state_dict(model_dir, p.dtype, p.device))  # one tensor at a time
     if getattr(hf_config, "tie_word_embeddings", False):
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(p.dtype).eval()
     if p.device.type == "cpu":
-        lay_out_for_cpu(model, q4=q4)
+        lay_out_for_cpu(model, q4=q4, release_weights=True)
     model.q4_panels = q4
     return model
 

@@ -36,7 +36,7 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     drafter.rope = RotaryEmbedding(ckpt.config, head_dim_of(ckpt.config), max_positions)
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
     if p.device.type == "cpu":
-        lay_out_for_cpu(drafter, int8=config.draft_int8)  # its own head, if any, too
+        lay_out_for_cpu(drafter, int8=config.draft_int8, release_weights=True)  # own head too
     specs = attention_specs(ckpt.config, names, p.block_size, p.dtype, windows)
     proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device,
                              config.draft_confidence, config.draft_max_batch, config.draft_ngram,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 
+from runtime.config import EngineConfig
 from runtime.cpu_gemm import (
     ONEDNN_DECODER_ROWS,
     PANEL_ROWS,
@@ -24,6 +26,7 @@ from runtime.cpu_gemm import (
     transpose_linear_weights,
 )
 from runtime.cpu_kernels import argmax_rows, kernel_library, load_cpu_kernels
+from runtime.engine import Engine
 from runtime.model import CausalLM
 
 
@@ -225,6 +228,47 @@ def test_lay_out_keeps_state_dict_and_outputs_of_a_model() -> None:
     with torch.no_grad():  # inference takes the fused product
         torch.testing.assert_close(model.model.layers[0].mlp(hidden), want_mlp, rtol=1e-4,
                                    atol=1e-5)
+
+
+def test_released_weights_leave_one_copy_and_the_same_products() -> None:
+    """release_weights: every Linear whose products all run on panels drops its weight (one
+    copy in memory); the tied head keeps it (the embedding reads it); the same bits out."""
+    if not load_cpu_kernels():
+        pytest.skip("panels need the C++ kernels")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)
+    models = []
+    for release in (False, True):
+        torch.manual_seed(0)
+        model = CausalLM(config, "torch", 64).eval()
+        model.lm_head.weight = model.model.embed_tokens.weight
+        lay_out_for_cpu(model, release_weights=release)
+        models.append(model)
+    kept, released = models
+    linears = [m for m in released.model.modules() if isinstance(m, PrepackedLinear)]
+    assert len(linears) == 2 * 7 and all(m.weight is None for m in linears)
+    assert released.lm_head.weight is released.model.embed_tokens.weight
+    names = set(released.state_dict())
+    assert names == {n for n in kept.state_dict() if not n.endswith("proj.weight")}
+    hidden = torch.randn(5, 64)
+    with torch.no_grad():
+        for a, b in zip(kept.model.layers, released.model.layers, strict=True):
+            assert torch.equal(a.mlp(hidden), b.mlp(hidden))
+            assert torch.equal(a.self_attn.o_proj(hidden), b.self_attn.o_proj(hidden))
+        assert torch.equal(kept.compute_logits(hidden), released.compute_logits(hidden))
+    assert released.model.layers[0].mlp.down_proj(torch.empty(0, 128)).shape == (0, 64)
+
+
+def test_an_engine_holds_one_copy_of_its_decoder_weights(tiny_model_dir: Path) -> None:
+    if not load_cpu_kernels():
+        pytest.skip("panels need the C++ kernels")
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1 << 20))
+    linears = [m for m in engine.model.model.modules() if isinstance(m, PrepackedLinear)]
+    assert linears and all(m.weight is None for m in linears)
+    assert isinstance(engine.model.lm_head, PrepackedLinear)
+    assert engine.model.lm_head.weight is not None  # the exact greedy head was built from it
 
 
 def test_prepack_leaves_unsupported_layers_alone() -> None:
