@@ -91,12 +91,12 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
                         and isinstance(packed, PrepackedLinear)):
                     packed.release_weight()
     if release_weights:
-        _return_freed_memory()
+        return_freed_memory()
     for sub in list(module.modules()):
         fuse = getattr(sub, "fuse_for_cpu", None)
         if callable(fuse):
             fuse()
-            _return_freed_memory()  # the parts' own panels were just freed
+            return_freed_memory()  # the parts' own panels were just freed
     for sub in list(module.modules()):  # then layers whose products are all panels: one plan
         plan = getattr(sub, "plan_for_cpu", None)
         if callable(plan):
@@ -111,7 +111,7 @@ def _call_glibc(name: str, *args: int) -> None:
         pass
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Hands memory freed inside glibc's heap back to the system (malloc_trim), so that the
     panels a fusion replaces do not stay in the process's RSS. A no-op without glibc."""
     _call_glibc("malloc_trim", 0)
@@ -211,8 +211,10 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     weight.T, zero past `out` (the layout panel_linear reads)."""
     out_features, in_features = weight.shape
     num_panels = -(-out_features // PANEL)
-    padded = F.pad(weight.detach(), (0, 0, 0, num_panels * PANEL - out_features))
-    return padded.view(num_panels, PANEL, in_features).transpose(1, 2).contiguous()
+    padded = weight.detach()
+    if out_features % PANEL:  # (F.pad copies even when it pads nothing)
+        padded = F.pad(padded, (0, 0, 0, num_panels * PANEL - out_features))
+    return padded.reshape(num_panels, PANEL, in_features).transpose(1, 2).contiguous()
 
 
 class PrepackedLinear(nn.Module):
@@ -306,7 +308,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     with weight ~= values * scales[:, None]: symmetric, one scale per output (row)."""
     peak = weight.detach().abs().amax(dim=1)
     scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
-    return (weight.detach() / scales.unsqueeze(1)).round().clamp(-127, 127), scales
+    return (weight.detach() / scales.unsqueeze(1)).round_().clamp_(-127, 127), scales
 
 
 def int8_panels(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ import torch
 from transformers import PretrainedConfig
 
 from runtime.config import EngineConfig
-from runtime.cpu_gemm import keep_step_buffers
+from runtime.cpu_gemm import keep_step_buffers, return_freed_memory
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv.manager import KVCacheManager
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, resolve_model
@@ -83,6 +83,8 @@ class Engine:
         self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer)
         if config.cuda_graphs:
             self.runner.graphs = decode_graphs(self, caches)
+        if p.device.type == "cpu":
+            return_freed_memory()  # the build's temporaries (the exact greedy head's, ...)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids)
         self._arrivals = 0
 

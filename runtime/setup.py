@@ -53,8 +53,8 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
         raise ValueError(f"model type {hf_config.model_type!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     with torch.device("meta"):
-        model = CausalLM(hf_config, p.backend, max_positions)
-    model = model.to_empty(device=p.device)
+        model = CausalLM(hf_config, p.backend, max_positions).to(p.dtype)
+    model = model.to_empty(device=p.device)  # in its dtype: no float32 copy of 16-bit weights
     # rope tables are computed, not loaded: rebuild them off the meta device
     model.rope = RotaryEmbedding(hf_config, head_dim_of(hf_config), max_positions).to(p.device)
     model.load_weights(iter_state_dict(model_dir, p.dtype, p.device))  # one tensor at a time
