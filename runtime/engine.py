@@ -45,8 +45,6 @@ class Engine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)  # process-wide, like OMP_NUM_THREADS
         self.placement = p = place(config)
-        if p.device.type == "cpu":
-            keep_step_buffers()
         model_dir = resolve_model(config.model)
         self.model_name = config.model
         self.hf_config = load_model_config(model_dir)
@@ -85,6 +83,9 @@ class Engine:
             self.runner.graphs = decode_graphs(self, caches)
         if p.device.type == "cpu":
             return_freed_memory()  # the build's temporaries (the exact greedy head's, ...)
+            # only now: the build's large tensors came from (and went back to) their own
+            # mappings, not a heap that keeps what it frees (a 16 GB model's build doubled)
+            keep_step_buffers()
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids)
         self._arrivals = 0
 

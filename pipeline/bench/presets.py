@@ -9,6 +9,7 @@ that of the real model. Rope scaling is left out and the context is capped at 81
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -119,27 +120,28 @@ def make_random_drafter(target_dir: Path, out_dir: Path, dtype: torch.dtype,
 def _write_random_shards(shapes: dict[str, tuple[int, ...]], out_dir: Path, dtype: torch.dtype,
                          seed: int, filename: str | None = None) -> None:
     """Norm weights 1, biases 0, everything else N(0, 0.02); shards of at most 2 GiB with a
-    model.safetensors.index.json, or one file named `filename`."""
+    model.safetensors.index.json, or one file named `filename`. Each shard is written (and
+    freed) as soon as it is full: one shard in memory at a time (an 8B model is 16-32 GB)."""
     generator = torch.Generator().manual_seed(seed)
-    shards: list[dict[str, torch.Tensor]] = [{}]
+    if filename is not None:
+        save_file({name: _random_tensor(name, shape, dtype, generator)
+                   for name, shape in shapes.items()}, str(out_dir / filename))
+        return
+    groups: list[list[str]] = [[]]  # tensor names per shard, by size
     size = 0
     for name, shape in shapes.items():
-        tensor = _random_tensor(name, shape, dtype, generator)
-        nbytes = tensor.numel() * tensor.element_size()
-        if filename is None and size and size + nbytes > _SHARD_BYTES:
-            shards.append({})
+        nbytes = math.prod(shape) * dtype.itemsize
+        if size and size + nbytes > _SHARD_BYTES:
+            groups.append([])
             size = 0
-        shards[-1][name] = tensor
+        groups[-1].append(name)
         size += nbytes
-    if filename is not None:
-        save_file(shards[0], str(out_dir / filename))
-        return
     weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out_dir / name))
-        weight_map |= {key: name for key in shard}
-        shard.clear()  # free each shard once written (an 8B model is 16-32 GB)
+    for i, names in enumerate(groups):
+        shard_name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file({name: _random_tensor(name, shapes[name], dtype, generator) for name in names},
+                  str(out_dir / shard_name))
+        weight_map |= dict.fromkeys(names, shard_name)
     index = {"metadata": {}, "weight_map": weight_map}
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
 
