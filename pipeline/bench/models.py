@@ -56,8 +56,9 @@ def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype,
 # On the CPU the engine keeps one copy of each decoder Linear (its packed panels: the weight
 # itself is released), but the LM head's weight stays beside its packed copy, and a float32 head
 # also gets int8 and bfloat16 copies for the exact greedy head: 1.75 head sizes more (1.0 in 16
-# bits). Plus 10% for what the allocator keeps. A random Llama-3.2-1B measured 6.8 / 3.1 GiB
-# after the build (float32 / bfloat16; the formula gives 7.0 / 3.1).
+# bits). Plus 10% for what the allocator keeps. Peak resident memory of the engine's build
+# measured against the formula: random Llama-3.2-1B 6.3 / 7.0 GiB (float32), 3.0 / 3.1 GiB
+# (bfloat16); a whole bench of random Llama-3-8B in bfloat16 (--baseline none) 17.4 / 17.5.
 _CPU_HEAD_EXTRA = {torch.float32: 1.75}
 _CPU_SLACK = 1.1
 
