@@ -169,6 +169,7 @@ def _weight_files(model_dir: Path, single: str, pattern: str) -> list[Path]:
     return sorted(model_dir.glob(pattern))
 
 
+_MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
 # safetensors dtype names -> torch dtypes (the format's own table)
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -190,7 +191,12 @@ def _iter_safetensors(files: list[Path], dtype: torch.dtype,
             if len(header_bytes) != 8:
                 raise ValueError(f"{file}: not a safetensors file (shorter than its header)")
             (size,) = struct.unpack("<Q", header_bytes)
-            header = json.loads(f.read(size))
+            try:
+                header = json.loads(f.read(min(size, _MAX_HEADER_BYTES)))
+            except (ValueError, UnicodeDecodeError):
+                header = None
+            if not isinstance(header, dict):
+                raise ValueError(f"{file}: not a safetensors file (no readable header)")
             header.pop("__metadata__", None)
             if any(info["dtype"] not in _SAFETENSORS_DTYPES for info in header.values()):
                 yield from _iter_mapped_safetensors(file, dtype, device)  # e.g. float8

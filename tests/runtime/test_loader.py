@@ -235,3 +235,34 @@ def test_default_model_conversion(smollm2_dir: Path) -> None:
     inputs = tokenizer(str(prompt), add_special_tokens=False, return_tensors="pt")
     output = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert "Paris" in tokenizer.decode(output[0, inputs["input_ids"].shape[1]:])
+
+
+def test_safetensors_read_into_tensors_match_safetensors_own_reader(tiny_model_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """Every dtype the format's table has, read with file reads, equals safe_open's tensors;
+    a file with an unreadable header or cut short is refused naming the file."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {
+        "f32": torch.randn(3, 5), "bf16": torch.randn(4).bfloat16(),
+        "f16": torch.randn(2, 2).half(), "i64": torch.arange(7),
+        "u8": torch.arange(3, dtype=torch.uint8),
+        "flag": torch.tensor([True, False]), "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+    }
+    model = tmp_path / "m"
+    model.mkdir()
+    save_file(tensors, model / "model.safetensors")
+    got = dict(load_state_dict(model, torch.float32))
+    want = {k: t.float() if t.is_floating_point() else t
+            for k, t in load_file(model / "model.safetensors").items()}
+    assert_same_tensors(got, want)
+    assert got["i64"].dtype == torch.int64 and got["flag"].dtype == torch.bool
+
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[:-4])
+    with pytest.raises(ValueError, match="model.safetensors: .* is cut short"):
+        load_state_dict(model, torch.float32)
+    (model / "model.safetensors").write_bytes(data[:8] + b"garbage!" + data[16:])
+    with pytest.raises(ValueError, match="model.safetensors: not a safetensors file"):
+        load_state_dict(model, torch.float32)
