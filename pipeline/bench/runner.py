@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -48,6 +49,8 @@ from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
 from runtime.setup import Placement, place
 
 METADATA_KEY = b"eaglebatch.bench"
+# random checkpoints (random:<preset>, --drafter random) live in a scratch directory of --out
+SCRATCH_PREFIX = ".bench-models-"
 
 
 def run_bench(config: BenchConfig) -> Path:
@@ -67,7 +70,8 @@ def run_bench(config: BenchConfig) -> Path:
     p = place(base)
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process
-    with tempfile.TemporaryDirectory(prefix=".bench-models-", dir=out) as scratch:
+    _remove_stale_scratch(out)
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=out) as scratch:
         models = resolve_models(config, Path(scratch), p.dtype, p.device)
         if models.random_drafter:  # random drafts are all unlikely: gating would cut them all
             base = replace(base, draft_confidence=0.0)
@@ -211,6 +215,17 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     parts += [label for flag, label in _CPU_FEATURES if flag in flags]
     name = fields.get("model name")
     return f"cpu: {name} ({', '.join(parts)})" if name else f"cpu ({', '.join(parts)})"
+
+
+def _remove_stale_scratch(out: Path) -> None:
+    """A bench killed outright (out of memory, SIGKILL) cannot remove its scratch directory:
+    random weights, up to tens of GB. The next bench into the same --out removes it."""
+    for stale in sorted(out.glob(SCRATCH_PREFIX + "*")):
+        if stale.is_dir():
+            size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file())
+            shutil.rmtree(stale, ignore_errors=True)
+            _log(f"bench: removed {stale.name} ({size / (1 << 30):.1f} GiB of random weights), "
+                 f"left in --out by a bench that was killed")
 
 
 def _log(line: str) -> None:
