@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from runtime.config import EngineConfig
-from runtime.cpu_gemm import lay_out_for_cpu
+from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu, return_freed_memory
 from runtime.kv.groups import draft_layer_name
 from runtime.kv.spec import AttentionSpec
 from runtime.model import CausalLM, head_dim_of, layer_windows
@@ -37,6 +37,10 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
     if p.device.type == "cpu":
         lay_out_for_cpu(drafter, int8=config.draft_int8, release_weights=True)  # own head too
+        head = getattr(drafter, "lm_head", None)  # its own head, if any: only the target's
+        if isinstance(head, PrepackedLinear):  # keeps its weight (the exact greedy head's copies)
+            head.release_weight()
+            return_freed_memory()
     specs = attention_specs(ckpt.config, names, p.block_size, p.dtype, windows)
     proposer = EagleProposer(drafter, config.num_speculative_tokens, ckpt.aux_layer_ids, p.device,
                              config.draft_confidence, config.draft_max_batch, config.draft_ngram,

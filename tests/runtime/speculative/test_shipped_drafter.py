@@ -55,11 +55,8 @@ def test_shipped_drafter_is_lossless_on_the_default_model(smollm2_dir: Path) -> 
     if int8.placement.device.type == "cpu":  # int8 copies are a CPU feature (CUDA: no-op)
         packed = [m for m in int8.proposer.drafter.modules() if isinstance(m, PrepackedLinear)]
         assert len(packed) == 16 and all(m._packed.dtype == torch.int8 for m in packed)
-        drafter = int8.proposer.drafter
-        # the layers keep only their int8 copies; the head keeps its float32 weight too
-        assert drafter.layers[0].self_attn.q_proj.weight is None
-        assert drafter.lm_head.weight is not None
-        assert drafter.lm_head.weight.dtype == torch.float32
+        # only the int8 copies stay: the drafter's float32 weights, its head's too, are let go
+        assert all(m.weight is None for m in packed)
     seq_accepted = sum(c.num_accepted for c in int8.generate(
         [GenerationRequest("a", tuple(ids[0]), SamplingParams(max_tokens=24))]))
     assert seq_accepted > 0
