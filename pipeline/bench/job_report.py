@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.bench import markdown as md
@@ -59,13 +60,26 @@ def _shards(manifest: Manifest | None, stats_path: Path) -> dict[int, Counts]:
     per-position counts), else rebuilt from stats.parquet."""
     if manifest is not None:
         return dict(sorted(manifest.shards.items()))
+    try:
+        table = pq.read_table(stats_path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise JobError(f"{stats_path}: cannot read it as Parquet ({exc}), and there is no "
+                       f"{MANIFEST_FILE} to report from") from None
+    missing = [c for c in _STATS_COLUMNS if c not in table.column_names]
+    if missing:
+        raise JobError(f"{stats_path} lacks the column(s) {', '.join(missing)}: not an "
+                       f"eaglebatch job's {STATS_FILE}")
     shards = {}
-    for row in pq.read_table(stats_path).to_pylist():
+    for row in table.select(list(_STATS_COLUMNS)).to_pylist():
         shards[row["shard_id"]] = Counts(
             rows=row["rows"], errors=row["errors"], prompt_tokens=row["prompt_tokens"],
             completion_tokens=row["completion_tokens"], wall_seconds=row["wall_seconds"],
             drafted=row["drafted"], accepted=row["accepted"])
     return dict(sorted(shards.items()))
+
+
+_STATS_COLUMNS = ("shard_id", "rows", "errors", "prompt_tokens", "completion_tokens",
+                  "wall_seconds", "drafted", "accepted")
 
 
 def _committed_at(directory: str, shard_id: int) -> float | None:

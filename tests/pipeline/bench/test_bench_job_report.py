@@ -102,3 +102,21 @@ def test_the_shipped_drafter_is_named_not_its_install_path(tmp_path: Path) -> No
         code, _, stderr = _report(str(job))
         assert code == 0, stderr
         assert f"- model `{DEFAULT_MODEL}`; {label}" in (job / "report.md").read_text()
+
+
+def test_a_damaged_stats_file_without_a_manifest_is_a_user_error(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    stats = job / "stats.parquet"
+    stats.write_bytes(b"not parquet")
+    code, _, stderr = _report(str(job))
+    assert code == 2
+    assert stderr.startswith(f"error: {stats}: cannot read it as Parquet (")
+    assert stderr.endswith("and there is no manifest.json to report from\n")
+    write_parquet(stats, {"shard_id": [0], "rows": [3]})
+    code, _, stderr = _report(str(job))
+    assert code == 2
+    assert stderr == (f"error: {stats} lacks the column(s) errors, prompt_tokens, "
+                      "completion_tokens, wall_seconds, drafted, accepted: not an eaglebatch "
+                      "job's stats.parquet\n")
+    assert not (job / "report.md").exists()
