@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import JobError
+from pipeline.schema import is_string
 from pipeline.stages.tokenize import TokenizeOptions, tokenize_rows
 from runtime.config import SamplingParams
 from runtime.request import GenerationRequest
@@ -41,6 +42,10 @@ def read_prompts(path: str, column: str, limit: int | None) -> pa.Table:
     if column not in source.schema_arrow.names:
         raise JobError(f"--prompts {path} has no column {column!r} "
                        f"(columns: {', '.join(source.schema_arrow.names)})")
+    kind = source.schema_arrow.field(column).type
+    if not is_string(kind):
+        raise JobError(f"--prompts {path}: column {column!r} is {kind}, expected string "
+                       f"(--prompt-column)")
     batches = []
     rows = 0
     for batch in source.iter_batches(columns=[column], batch_size=1024):

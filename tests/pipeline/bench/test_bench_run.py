@@ -19,6 +19,7 @@ from tests.pipeline.bench.conftest import (
     REPEATS,
     run_bench_cli,
 )
+from tests.pipeline.helpers import write_parquet
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOT_FILES = ("tokens_per_s_by_batch.png", "speedup_by_k.png", "acceptance_by_position.png")
@@ -121,3 +122,24 @@ def test_speculative_k_without_a_drafter_is_a_user_error(
                            str(prompts_file), "--out", str(tmp_path), "--k", "0,1")
     assert result.exit_code == 2
     assert result.stderr == "error: --drafter none allows only --k 0\n"
+
+
+def test_bad_prompt_files_are_user_errors_naming_file_and_column(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    numbers = write_parquet(tmp_path / "numbers.parquet", {"prompt": [1, 2]})
+    not_parquet = tmp_path / "text.parquet"
+    not_parquet.write_text("not parquet")
+    expected = {
+        numbers: f"error: --prompts {numbers}: column 'prompt' is int64, expected string "
+                 "(--prompt-column)\n",
+        not_parquet: f"error: --prompts {not_parquet}: cannot read it as Parquet (",
+    }
+    for path, message in expected.items():
+        result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(path),
+                               "--out", str(tmp_path / "r"), "--k", "0")
+        assert result.exit_code == 2
+        assert result.stderr.startswith(message), result.stderr
+    other = write_parquet(tmp_path / "other.parquet", {"text": ["hi"]})
+    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(other),
+                           "--out", str(tmp_path / "r"), "--k", "0")
+    assert result.stderr == f"error: --prompts {other} has no column 'prompt' (columns: text)\n"
