@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from pipeline.atomic import remove_stale_temps, write_bytes_atomically
 from pipeline.config import JobConfig, JobError
@@ -167,8 +167,12 @@ def _prepare_output_dir(config: JobConfig, manifest: Manifest) -> int:
     return len(manifest.shards)
 
 
-def build_engine(factory: Callable[[EngineConfig], EngineLike],
-                  config: EngineConfig) -> EngineLike:
+_Engine = TypeVar("_Engine", bound=EngineLike)
+
+
+def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfig) -> _Engine:
+    """factory(config); a model or drafter that cannot load (OSError, ValueError) becomes a
+    user error naming them."""
     try:
         return factory(config)
     except (OSError, ValueError) as exc:

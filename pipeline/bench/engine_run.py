@@ -17,6 +17,7 @@ import torch
 from pipeline.bench.metrics import ENGINE, RunRecord
 from pipeline.bench.workload import Workload
 from pipeline.config import JobError
+from pipeline.job import build_engine
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.model import head_dim_of
@@ -74,7 +75,9 @@ class EngineVariant:
         self.config = config
         self.k = k
         self.variant = variant  # ENGINE, or CEILING once draft_from_reference is called
-        self.engine = Engine(config, None if target is None else target.model)
+        model = None if target is None else target.model
+        # a drafter or model that cannot load is a user error naming them, as in `generate`
+        self.engine = build_engine(lambda c: Engine(c, model), config)
         self.bandwidth = bandwidth  # device copy bytes/s, measured on CUDA only
         self.weight_bytes = _weight_bytes_read_per_step(self.engine.model)
         hf = self.engine.hf_config

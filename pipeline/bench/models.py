@@ -18,6 +18,7 @@ from pipeline.bench.presets import (
 )
 from pipeline.config import JobError
 from runtime.loader import default_drafter, resolve_model
+from runtime.speculative.loader import drafter_num_layers
 
 
 class BenchModels(NamedTuple):
@@ -133,4 +134,8 @@ def _drafter(config: BenchConfig, model_dir: Path, scratch: Path,
     path = Path(option)
     if not (path / "config.json").is_file():
         raise JobError(f"--drafter {option}: not an EAGLE checkpoint directory (no config.json)")
+    try:
+        drafter_num_layers(path)  # reads its files' headers: a damaged file is refused here
+    except (OSError, ValueError) as exc:
+        raise JobError(f"--drafter {option}: {exc}") from None
     return path, option

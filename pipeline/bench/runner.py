@@ -43,6 +43,7 @@ from pipeline.bench.metrics import (
 from pipeline.bench.models import BenchModels, resolve_models
 from pipeline.bench.report import write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
+from pipeline.config import JobError
 from runtime.config import EngineConfig
 from runtime.engine import Engine
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
@@ -56,7 +57,10 @@ SCRATCH_PREFIX = ".bench-models-"
 def run_bench(config: BenchConfig) -> Path:
     """Run the benchmark of `config`; returns the path of report.md."""
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, no permission, ...
+        raise JobError(f"--out {config.out}: cannot make it a directory ({exc.strerror})") from None
     base = EngineConfig(dtype=config.dtype, device=config.device,
                         kv_cache_memory=config.kv_cache_memory,
                         max_num_batched_tokens=config.max_num_batched_tokens,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import LlamaConfig, PretrainedConfig
 
@@ -105,7 +105,11 @@ def drafter_num_layers(path: Path) -> int:
         return int(read_drafter_config(path).get("num_hidden_layers", 1))
     layers: set[str] = set()
     for f in files:
-        with safe_open(str(f), "pt") as handle:
+        try:
+            opened = safe_open(str(f), "pt")
+        except SafetensorError as exc:
+            raise _unreadable(path, f, exc) from None
+        with opened as handle:
             for key in handle.keys():
                 key = key.removeprefix("model.")
                 if key.startswith(("midlayer.", "transformer.")):
@@ -130,12 +134,19 @@ def _from_speculators_eagle(tensors: dict[str, torch.Tensor]) -> dict[str, torch
     return out
 
 
+def _unreadable(path: Path, file: Path, exc: Exception) -> DrafterMismatchError:
+    return DrafterMismatchError(f"drafter {path}: cannot read {file.name} ({exc})")
+
+
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     files = sorted(path.glob("*.safetensors"))
     out: dict[str, torch.Tensor] = {}
     if files:
         for f in files:
-            out.update(load_file(str(f)))
+            try:
+                out.update(load_file(str(f)))
+            except SafetensorError as exc:
+                raise _unreadable(path, f, exc) from None
     else:
         bins = sorted(path.glob("*.bin"))
         if not bins:

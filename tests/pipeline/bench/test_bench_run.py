@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -143,3 +144,34 @@ def test_bad_prompt_files_are_user_errors_naming_file_and_column(
     result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(other),
                            "--out", str(tmp_path / "r"), "--k", "0")
     assert result.stderr == f"error: --prompts {other} has no column 'prompt' (columns: text)\n"
+
+
+def test_unusable_drafters_and_out_paths_are_user_errors(
+        tiny_model_dir: Path, tiny_drafter_dir: Path, prompts_file: Path, tmp_path: Path) -> None:
+    def bench(*args: str) -> tuple[int, str]:
+        result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                               "--batch-sizes", "1", "--max-tokens", "2", "--repeats", "1",
+                               "--baseline", "none", *args)
+        return result.exit_code, result.stderr
+
+    out = str(tmp_path / "r")
+    # a plain model where a drafter belongs: refused when its engine is built
+    code, stderr = bench("--drafter", str(tiny_model_dir), "--k", "0,1", "--out", out)
+    assert code == 2
+    assert stderr.splitlines()[-1] == (  # after the bench's opening line
+        f"error: cannot load --model {tiny_model_dir} / --drafter {tiny_model_dir}: drafter "
+        f"{tiny_model_dir}: no fc.weight; not an EAGLE checkpoint")
+    # a drafter whose weights file is damaged: refused before any engine is built
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_drafter_dir, damaged)
+    weights = next(damaged.glob("*.safetensors"))
+    weights.write_bytes(b"\x08" + b"\0" * 7 + b"garbage!")
+    code, stderr = bench("--drafter", str(damaged), "--k", "0,1", "--out", out)
+    assert code == 2
+    assert stderr.startswith(f"error: --drafter {damaged}: drafter {damaged}: cannot read "
+                             f"{weights.name} (")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    code, stderr = bench("--k", "0", "--out", str(a_file))
+    assert (code, stderr) == (2, f"error: --out {a_file}: cannot make it a directory (File "
+                                 "exists)\n")

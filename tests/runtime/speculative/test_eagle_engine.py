@@ -111,6 +111,17 @@ def test_drafter_that_does_not_fit_names_the_field(tiny_model_dir: Path, tmp_pat
                             drafter=str(drafter)))
 
 
+def test_drafter_with_a_damaged_weights_file_names_the_file(tiny_model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "damaged", num_layers=1)
+    weights = next(drafter.glob("*.safetensors"))
+    weights.write_bytes(b"\x08" + b"\0" * 7 + b"garbage!")
+    with pytest.raises(DrafterMismatchError, match=f"drafter {drafter}: cannot read "
+                                                   f"{weights.name} \\("):
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(drafter)))
+
+
 @pytest.mark.parametrize("with_norm", [True, False])
 def test_eagle1_checkpoint_with_its_own_small_head_is_lossless(
         tiny_model_dir: Path, prompts: list[list[int]], baseline: dict[str, Completion],
