@@ -294,9 +294,8 @@ def prepack(linear: nn.Module, head: bool = False, int8: bool = False,
             panels, padded = int8_panels(quantized, scales)
             return _checked(linear, panels, "panel", PANEL_ROWS, scales=padded,
                             reference=quantized * scales.unsqueeze(1))
-        panels = pack_panels(weight)
-        if _exactly_bfloat16(weight):  # no bits lost: half the bytes
-            panels = panels.bfloat16()
+        exact16 = _exactly_bfloat16(weight)  # then no bits are lost: half the bytes
+        panels = pack_panels(weight.bfloat16() if exact16 else weight)
         packed = _checked(linear, panels, "panel", PANEL_ROWS)
         if q4 and isinstance(packed, PrepackedLinear) and not head:
             packed._q4 = q4_panels(weight)
@@ -321,7 +320,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_panels(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_int8's (values, scales) as panel_linear takes them: int8 panels, and the
     scales padded to whole panels."""
-    return pack_panels(values).to(torch.int8), F.pad(scales, (0, -len(scales) % PANEL))
+    return pack_panels(values.to(torch.int8)), F.pad(scales, (0, -len(scales) % PANEL))
 
 
 def _exactly_bfloat16(weight: torch.Tensor, chunk: int = 1024) -> bool:
