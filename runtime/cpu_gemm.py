@@ -119,8 +119,9 @@ def _call_glibc(name: str, *args: int) -> None:
 
 
 def return_freed_memory() -> None:
-    """Hands memory freed inside glibc's heap back to the system (malloc_trim), so that the
-    panels a fusion replaces do not stay in the process's RSS. A no-op without glibc."""
+    """Hands memory freed inside glibc's heap back to the system (malloc_trim), so that what a
+    build lets go of (released weights, the panels a fusion replaces, temporaries) does not
+    stay in the process's RSS. A no-op without glibc."""
     _call_glibc("malloc_trim", 0)
 
 
