@@ -89,7 +89,7 @@ class DecodeGraphs:
         return max(1, -(-md.max_seq_len // self.block_size))
 
     def _build(self, rows: int, blocks: int) -> _Bucket:
-        device = self.model.head_weight.device
+        device = self.model.model.embed_tokens.weight.device  # (a CPU head may hold none)
         ids = torch.zeros(rows, dtype=torch.int64, device=device)
         positions = torch.zeros(rows, dtype=torch.int64, device=device)
         md = AttentionMetadata(

@@ -84,8 +84,11 @@ class ExactGreedyHead:
     def for_head(cls, head: torch.nn.Module) -> ExactGreedyHead | None:
         """The exact greedy head for a float32 CPU head on panels without a bias, else None.
         Engines sharing one target model share its exact head (and its bfloat16 copies)."""
-        if (os.environ.get("EAGLEBATCH_EXACT_HEAD", "1") == "0"
-                or not isinstance(head, PrepackedLinear) or head.kernel != "panel"
+        if os.environ.get("EAGLEBATCH_EXACT_HEAD", "1") == "0":
+            return None
+        if isinstance(head, PrepackedLinear) and isinstance(head.exact_greedy_head, cls):
+            return head.exact_greedy_head  # built before its head let go of its weight
+        if (not isinstance(head, PrepackedLinear) or head.kernel != "panel"
                 or head.bias is not None
                 or head._scales is not None or head.weight is None
                 or head.weight.dtype != torch.float32

@@ -11,7 +11,8 @@ from transformers import PretrainedConfig
 from runtime.attention import choose_backend_name
 from runtime.attention.flash_backend import FLASH_BLOCK_SIZE
 from runtime.config import EngineConfig
-from runtime.cpu_gemm import lay_out_for_cpu
+from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu, return_freed_memory
+from runtime.greedy_head import ExactGreedyHead
 from runtime.kv.cache import allocate_kv_caches
 from runtime.kv.groups import KVCacheConfig, make_kv_cache_config, validate_same_kv_cache_group
 from runtime.kv.spec import AttentionSpec
@@ -63,8 +64,20 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     model = model.to(p.dtype).eval()
     if p.device.type == "cpu":
         lay_out_for_cpu(model, q4=q4, release_weights=True)
+        _release_head_weight(model)
     model.q4_panels = q4
     return model
+
+
+def _release_head_weight(model: CausalLM) -> None:
+    """An untied head lets go of its weight too, once the exact greedy head (whose int8 and
+    bfloat16 copies are made from it) is built: the packed copy runs every product. A head tied
+    to the embedding shares its weight, which the lookups read."""
+    head = model.lm_head
+    if isinstance(head, PrepackedLinear) and head.weight is not model.model.embed_tokens.weight:
+        ExactGreedyHead.for_head(head)  # cached on the head for every engine on this model
+        head.release_weight()
+        return_freed_memory()
 
 
 def attention_specs(hf_config: PretrainedConfig, names: list[str], block_size: int,

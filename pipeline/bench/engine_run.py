@@ -79,7 +79,9 @@ class EngineVariant:
         # a drafter or model that cannot load is a user error naming them, as in `generate`
         self.engine = build_engine(lambda c: Engine(c, model), config)
         self.bandwidth = bandwidth  # device copy bytes/s, measured on CUDA only
-        self.weight_bytes = _weight_bytes_read_per_step(self.engine.model)
+        # for the bandwidth floor, on CUDA (a CPU engine's Linears hold only packed copies)
+        self.weight_bytes = (_weight_bytes_read_per_step(self.engine.model)
+                             if bandwidth is not None else 0)
         hf = self.engine.hf_config
         self.kv_bytes_per_token = (2 * hf.num_hidden_layers * hf.num_key_value_heads *
                                    head_dim_of(hf) * self.engine.placement.dtype.itemsize)
@@ -148,7 +150,7 @@ def _weight_bytes_read_per_step(model: torch.nn.Module) -> int:
     embedding, of which a step reads only the rows of its tokens."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     embedding = model.get_parameter("model.embed_tokens.weight")
-    if model.get_parameter("lm_head.weight") is not embedding:
+    if getattr(model.get_submodule("lm_head"), "weight", None) is not embedding:
         total -= embedding.numel() * embedding.element_size()
     return total
 

@@ -267,8 +267,11 @@ def test_an_engine_holds_one_copy_of_its_decoder_weights(tiny_model_dir: Path) -
     engine = Engine(EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1 << 20))
     linears = [m for m in engine.model.model.modules() if isinstance(m, PrepackedLinear)]
     assert linears and all(m.weight is None for m in linears)
+    # the untied head too, after the exact greedy head made its copies from it
     assert isinstance(engine.model.lm_head, PrepackedLinear)
-    assert engine.model.lm_head.weight is not None  # the exact greedy head was built from it
+    assert engine.model.lm_head.weight is None
+    assert engine.runner.exact_head is not None
+    assert engine.runner.exact_head is engine.model.lm_head.exact_greedy_head
 
 
 def test_prepack_leaves_unsupported_layers_alone() -> None:
