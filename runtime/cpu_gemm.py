@@ -43,8 +43,9 @@ The packed copy would double the memory of the weights (424 MB for the default m
 the original weight of every Linear whose products all run on its packed copy
 (lay_out_for_cpu(release_weights=True)), each right after packing it: one copy of the decoder
 stays (default model and drafter after the build 1867 -> 1162 MiB resident; a random
-Llama-3-8B in bfloat16 now fits a 24 GiB machine). The head keeps its weight (the exact greedy
-head's copies are made from it; a tied head's is the embedding's). Without release_weights the
+Llama-3-8B in bfloat16 now fits a 24 GiB machine). The head keeps its weight here; an untied
+one lets go of it once the exact greedy head has made its copies (runtime.setup), a tied one's
+is the embedding's. Without release_weights the
 original Parameters stay, so tying and state_dict are unchanged. Where packing is not possible
 or disagrees with F.linear on a probe, the Linear stays plain.
 """

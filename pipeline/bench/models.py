@@ -55,11 +55,12 @@ def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype,
 
 
 # On the CPU the engine keeps one copy of each decoder Linear (its packed panels: the weight
-# itself is released), but the LM head's weight stays beside its packed copy, and a float32 head
-# also gets int8 and bfloat16 copies for the exact greedy head: 1.75 head sizes more (1.0 in 16
-# bits). Plus 10% for what the allocator keeps. Peak resident memory of the engine's build
-# measured against the formula: random Llama-3.2-1B 5.7 / 7.0 GiB (float32), 3.0 / 3.1 GiB
-# (bfloat16); a whole bench of random Llama-3-8B in bfloat16 (--baseline none) 17.4 / 17.5.
+# itself is released), a tied head's weight (the embedding) stays beside its packed copy, and a
+# float32 head also gets int8 and bfloat16 copies for the exact greedy head: 1.75 head sizes
+# more (1.0 in 16 bits; counted for untied heads too, which let go of their weight: a margin).
+# Plus 10% for what the allocator keeps. Peak resident memory of the engine's build measured
+# against the formula: random Llama-3.2-1B 5.7 / 7.0 GiB (float32), 3.0 / 3.1 GiB (bfloat16);
+# a whole bench of random Llama-3-8B in bfloat16 (--baseline none) 17.4 / 17.5.
 _CPU_HEAD_EXTRA = {torch.float32: 1.75}
 _CPU_SLACK = 1.1
 
