@@ -88,6 +88,7 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
     transpose_linear_weights(module)
     embedded = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     for parent in list(module.modules()):
+        released = False
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 is_head = parent is module and name == "lm_head"
@@ -98,7 +99,8 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
                     packed.release_weight()
                     if packed.weight is None:  # the replaced Linear (still listed) lets go too
                         child.weight = None  # type: ignore[assignment]
-        if release_weights:
+                        released = True
+        if released:
             return_freed_memory()  # glibc's heap would keep it until the end
     for sub in list(module.modules()):
         fuse = getattr(sub, "fuse_for_cpu", None)

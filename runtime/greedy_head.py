@@ -94,10 +94,8 @@ class ExactGreedyHead:
                 or head.weight.dtype != torch.float32
                 or head.weight.device.type != "cpu" or not load_cpu_kernels()):
             return None
-        built = head.exact_greedy_head
-        if not isinstance(built, cls):
-            built = cls(head)
-            head.exact_greedy_head = built  # a cycle through the head: freed with it by gc
+        built = cls(head)
+        head.exact_greedy_head = built  # a cycle through the head: freed with it by gc
         return built
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows] int64

@@ -117,8 +117,7 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                       bandwidth: float | None) -> list[tuple[int, RunRecord]]:
     """(repeat, record) of every timed run, in the order they ran."""
     # --ceiling: always k drafts (no confidence cut, at any batch), replaced by the k = 0 run's
-    # tokens; they
-    # run after k = 0 in every round, so its first run's outputs are there in time
+    # tokens; they run after k = 0 in every round, so its first run's outputs are there in time
     wanted = [(ENGINE, k, base) for k in config.ks] + [
         (CEILING, k, replace(base, draft_confidence=0.0, draft_max_batch=None))
         for k in (config.speculative_ks if config.ceiling else ())]

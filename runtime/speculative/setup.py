@@ -37,8 +37,10 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     drafter = drafter.to(device=p.device, dtype=p.dtype).eval()
     if p.device.type == "cpu":
         lay_out_for_cpu(drafter, int8=config.draft_int8, release_weights=True)  # own head too
-        head = getattr(drafter, "lm_head", None)  # its own head, if any: only the target's
-        if isinstance(head, PrepackedLinear):  # keeps its weight (the exact greedy head's copies)
+        # its own head, if any, lets go of its weight too: only a target head's weight is
+        # read after packing (for the exact greedy head's copies, runtime.setup)
+        head = getattr(drafter, "lm_head", None)
+        if isinstance(head, PrepackedLinear):
             head.release_weight()
             return_freed_memory()
     specs = attention_specs(ckpt.config, names, p.block_size, p.dtype, windows)
