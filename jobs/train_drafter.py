@@ -73,6 +73,10 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
 @click.option("--answer-samples", default=0, show_default=True, type=click.IntRange(0),
               help="Sampled answers per prompt besides the greedy one (seeded, so reruns draw "
                    "the same): more distinct text for the drafter from the same prompts.")
+@click.option("--first-sample", default=1, show_default=True, type=click.IntRange(1),
+              help="Number of the first sampled answer: with --answer-samples N the samples "
+                   "#F..#F+N-1 are drawn (each seeded by prompt id and number), so a later round "
+                   "of data (e.g. with --init-drafter) gets texts an earlier round did not.")
 @click.option("--answer-temperature", default=0.7, show_default=True,
               type=click.FloatRange(0, min_open=True),
               help="Temperature of the sampled answers.")
@@ -110,7 +114,8 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                   draft_head_size: int | None, unroll: int | None,
                   max_steps: int | None, time_budget: str | None, resume: bool,
                   max_answer_tokens: int, max_train_prompts: int | None,
-                  answer_samples: int, answer_temperature: float, data_dtype: str,
+                  answer_samples: int, first_sample: int, answer_temperature: float,
+                  data_dtype: str,
                   feature_dtype: str | None,
                   init_drafter: Path | None, lr: float,
                   warmup_steps: int, batch_tokens: int, token_loss_weight: float,
@@ -137,6 +142,7 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
         num_layers=layers, style=style, num_speculative_tokens=num_speculative_tokens,
         draft_vocab_size=draft_vocab_size, draft_head_size=draft_head_size,
         max_answer_tokens=max_answer_tokens, answer_samples=answer_samples,
+        first_sample=first_sample,
         answer_temperature=answer_temperature, data_dtype=data_dtype,
         feature_dtype=feature_dtype,
         init_drafter=init_drafter, resume=resume,

@@ -53,25 +53,27 @@ def render_prompts(prompts: Sequence[str], tokenizer: Any) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def answer_plan(ids: Sequence[str], samples: int = 0) -> list[tuple[str, int, int | None]]:
+def answer_plan(ids: Sequence[str], samples: int = 0,
+                first_sample: int = 1) -> list[tuple[str, int, int | None]]:
     """(answer id, prompt index, seed or None for greedy) of every answer: each prompt's greedy
-    answer first, then its sampled ones."""
+    answer first, then its sampled ones, numbered from first_sample (a later round of data can
+    draw samples an earlier round did not)."""
     plan: list[tuple[str, int, int | None]] = [(i, n, None) for n, i in enumerate(ids)]
-    for j in range(1, samples + 1):
+    for j in range(first_sample, first_sample + samples):
         plan += [(f"{i}#s{j}", n, zlib.crc32(f"{i}#s{j}".encode())) for n, i in enumerate(ids)]
     return plan
 
 
 def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: Sequence[str],
                      data_dir: Path, max_answer_tokens: int, progress: Any = None,
-                     samples: int = 0, temperature: float = 0.7) -> Path:
-    """Appends every answer of answer_plan(ids, samples) not yet in answers.jsonl."""
+                     samples: int = 0, temperature: float = 0.7, first_sample: int = 1) -> Path:
+    """Appends every answer of answer_plan(ids, samples, first_sample) not yet in answers.jsonl."""
     from runtime.engine import Engine  # noqa: PLC0415 (heavy; only this stage needs it)
 
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / ANSWERS
     done = {row["id"] for row in read_answers(path)}
-    todo = [a for a in answer_plan(ids, samples) if a[0] not in done]
+    todo = [a for a in answer_plan(ids, samples, first_sample) if a[0] not in done]
     if not todo:
         return path
     engine = Engine(engine_config)

@@ -103,8 +103,10 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
 def answers_line(job: TrainDrafterJob) -> str:
     if not job.answer_samples:
         return "its greedy answer to each"
+    numbers = (f" (samples #{job.first_sample}-#{job.first_sample + job.answer_samples - 1})"
+               if job.first_sample != 1 else "")
     return (f"its greedy answer to each and {job.answer_samples} sampled at temperature "
-            f"{job.answer_temperature}")
+            f"{job.answer_temperature}{numbers}")
 
 
 def init_line(job: TrainDrafterJob) -> str:

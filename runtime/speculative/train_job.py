@@ -60,6 +60,7 @@ class TrainDrafterJob:
     max_answer_tokens: int = 128
     answer_samples: int = 0  # sampled answers per prompt, besides the greedy one
     answer_temperature: float = 0.7
+    first_sample: int = 1  # number of the first sampled answer (#s1, #s2, ...)
     data_dtype: str = "bfloat16"  # dtype of the target while making answers (and features)
     feature_dtype: str | None = None  # the target's dtype in the features pass; None: data_dtype
     init_drafter: Path | None = None  # start from this drafter's weights (fine-tuning)
@@ -82,11 +83,13 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
         load_init_drafter(job.init_drafter, job.style, job.num_layers, target_config)
     engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
                                  max_model_len=min(2048, target_config.max_position_embeddings))
-    planned = {a for a, _, _ in answer_plan(job.prompt_ids, job.answer_samples)}
+    planned = {a for a, _, _ in answer_plan(job.prompt_ids, job.answer_samples,
+                                             job.first_sample)}
     with tqdm(total=len(planned), desc="answers", unit="seq") as bar:
         bar.update(sum(r["id"] in planned for r in read_answers(data_dir / ANSWERS)))
         generate_answers(engine_config, job.prompt_ids, job.prompts, data_dir,
-                         job.max_answer_tokens, bar, job.answer_samples, job.answer_temperature)
+                         job.max_answer_tokens, bar, job.answer_samples, job.answer_temperature,
+                         job.first_sample)
     aux = (2, target_config.num_hidden_layers // 2, target_config.num_hidden_layers - 3)
     rows = read_answers(data_dir / ANSWERS)
     with tqdm(total=len(rows), desc="features", unit="seq") as bar:

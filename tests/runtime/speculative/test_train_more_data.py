@@ -56,6 +56,13 @@ def test_answer_plan_lists_greedy_answers_then_seeded_samples() -> None:
     assert answer_plan(["a"], 0) == [("a", 0, None)]
 
 
+def test_answer_plan_from_a_later_sample_draws_new_seeds() -> None:
+    assert answer_plan(["a", "b"], 2, first_sample=4) == [
+        ("a", 0, None), ("b", 1, None),
+        ("a#s4", 0, zlib.crc32(b"a#s4")), ("b#s4", 1, zlib.crc32(b"b#s4")),
+        ("a#s5", 0, zlib.crc32(b"a#s5")), ("b#s5", 1, zlib.crc32(b"b#s5"))]
+
+
 def test_more_answers_on_resume_rebuild_the_short_shard(tiny_model_dir: Path,
                                                         tmp_path: Path) -> None:
     out = tmp_path / "d"
@@ -128,3 +135,19 @@ def test_cli_refuses_a_bad_init_drafter_before_making_data(tiny_model_dir: Path,
         assert "--init-drafter" in result.output and words in result.output
         assert str(init) in result.output.replace("\n", "")
         assert not out.exists()  # nothing was made
+
+
+def test_cli_first_sample_draws_later_samples(tiny_model_dir: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": list(IDS), "prompt": list(PROMPTS)}), prompts)
+    out = tmp_path / "d"
+    result = CliRunner().invoke(main, [
+        "train-drafter", "--model", str(tiny_model_dir), "--prompts", str(prompts),
+        "--out", str(out), "--max-steps", "1", "--max-answer-tokens", "6",
+        "--answer-samples", "2", "--first-sample", "3", "--data-dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    rows = read_answers(out / "data" / "answers.jsonl")
+    assert sorted(r["id"] for r in rows) == sorted(
+        [*IDS, *(f"{i}#s{j}" for j in (3, 4) for i in IDS)])
+    assert ("its greedy answer to each and 2 sampled at temperature 0.7 (samples #3-#4)"
+            in (out / "README.md").read_text())
