@@ -55,6 +55,11 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     return path
 
 
+# the stats.parquet columns that hold Counts fields (the others are derived from them)
+_COUNT_COLUMNS = ("rows", "errors", "prompt_tokens", "completion_tokens", "wall_seconds",
+                  "drafted", "accepted")
+
+
 def _shards(manifest: Manifest | None, stats_path: Path) -> dict[int, Counts]:
     """Counts per committed shard: the manifest's when there is one (it has draft steps and
     per-position counts), else rebuilt from stats.parquet."""
@@ -65,21 +70,14 @@ def _shards(manifest: Manifest | None, stats_path: Path) -> dict[int, Counts]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise JobError(f"{stats_path}: cannot read it as Parquet ({exc}), and there is no "
                        f"{MANIFEST_FILE} to report from") from None
-    missing = [c for c in _STATS_COLUMNS if c not in table.column_names]
+    columns = ["shard_id", *_COUNT_COLUMNS]
+    missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise JobError(f"{stats_path} lacks the column(s) {', '.join(missing)}: not an "
                        f"eaglebatch job's {STATS_FILE}")
-    shards = {}
-    for row in table.select(list(_STATS_COLUMNS)).to_pylist():
-        shards[row["shard_id"]] = Counts(
-            rows=row["rows"], errors=row["errors"], prompt_tokens=row["prompt_tokens"],
-            completion_tokens=row["completion_tokens"], wall_seconds=row["wall_seconds"],
-            drafted=row["drafted"], accepted=row["accepted"])
+    shards = {row["shard_id"]: Counts(**{c: row[c] for c in _COUNT_COLUMNS})
+              for row in table.select(columns).to_pylist()}
     return dict(sorted(shards.items()))
-
-
-_STATS_COLUMNS = ("shard_id", "rows", "errors", "prompt_tokens", "completion_tokens",
-                  "wall_seconds", "drafted", "accepted")
 
 
 def _committed_at(directory: str, shard_id: int) -> float | None:

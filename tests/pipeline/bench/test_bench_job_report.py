@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from jobs.cli import main
-from pipeline.bench.job_report import PLOTS
+from pipeline.bench.job_report import PLOTS, _shards
 from pipeline.manifest import Manifest
 from pipeline.stats import Counts, write_stats
 from runtime.config import DEFAULT_MODEL
@@ -120,3 +120,11 @@ def test_a_damaged_stats_file_without_a_manifest_is_a_user_error(tmp_path: Path)
                       "completion_tokens, wall_seconds, drafted, accepted: not an eaglebatch "
                       "job's stats.parquet\n")
     assert not (job / "report.md").exists()
+
+
+def test_without_a_manifest_the_counts_come_back_from_stats_parquet(tmp_path: Path) -> None:
+    shards = {0: Counts(rows=3, errors=1, prompt_tokens=40, completion_tokens=90,
+                        wall_seconds=2.5, drafted=30, accepted=12),
+              2: Counts(rows=1, prompt_tokens=5, completion_tokens=7, wall_seconds=0.5)}
+    write_stats(str(tmp_path), shards)
+    assert _shards(None, tmp_path / "stats.parquet") == shards
