@@ -7,6 +7,7 @@
   the same product with its columns in separate tensors (fused q/k/v, gate/up);
 - panel_entries: a few entries of a panel_linear product, the same bits (runtime.greedy_head);
 - argmax_rows: the greedy sampler's argmax; head_candidates: the exact greedy head's candidates;
+  head_int8_dots: its approximate logits at a few rows, from integer products (VNNI);
 - rms_norm, rope: the decoder's norms and rotary embedding in one pass each (runtime.model,
   runtime.rope); write_kv: a step's K and V into their cache slots (the cpu attention backend).
 
@@ -28,7 +29,7 @@ import torch
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
 _OPS = ("paged_attention", "panel_linear", "panel_linear_parts", "panel_entries", "argmax_rows",
-        "head_candidates", "rms_norm", "rope", "write_kv")
+        "head_candidates", "head_int8_dots", "rms_norm", "rope", "write_kv")
 # -fopenmp: at::parallel_for only runs on several threads when the extension itself is compiled
 # with OpenMP (without it, every kernel ran on one thread whatever torch.set_num_threads said).
 # The link names libgomp.so.1, the soname torch's wheel ships and has already loaded, so the

@@ -35,6 +35,19 @@ row (1 and 11 with bfloat16 panels). The head of real decode rows, caches flushe
 threads, 49k x 576): 1 / 3 / 6 rows 1.46 / 1.61 / 2.26 ms against 2.18 / 2.20 / 2.63 from
 bfloat16 panels.
 
+On CPUs with AVX-512 VNNI the rows are rounded to 16-bit integers too (h ~ s_h p, one scale per
+row) and the products summed exactly in integers (head_int8_dots: two instructions per 64
+weights and row, where the float32 products of int8 panels spend four FMAs per row and eight
+instructions widening the weights, so that at 3-7 rows it is bound by reading the weights: the whole head of real rows 1 / 3 / 4 / 6 / 7 rows 1.02 / 1.36 /
+1.78 / 2.21 / 3.02 -> 1.03 / 1.17 / 1.61 / 1.82 / 2.25 ms, EPYC, 2 threads, caches flushed).
+Rounding h moves the exact product by at most |h - s_h p| |s_v q_v|, so the bound gains a term:
+
+    |a_v - z_v| <= |h| * F_v + |h - s_h p| * N_v + C2 * |a_v|,   N_v = |s_v q_v|
+
+(the integer sums are exact; converting and scaling them rounds by under 3 * 2^-24 of |a_v|,
+inside C2's room; the kernel returns |h - s_h p| rounded up, N_v is rounded up here; F_v's part
+for the kernel's float32 chain is not needed then, and only widens the bound).
+
 EAGLEBATCH_EXACT_HEAD=0 turns it off.
 """
 
@@ -43,8 +56,9 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
-from runtime.cpu_gemm import PrepackedLinear, int8_panels, quantize_int8
+from runtime.cpu_gemm import PANEL, PrepackedLinear, int8_panels, quantize_int8
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
 
 C2 = 2.0**-8  # the product's bfloat16 output, rounded from float32 (2^-9, doubled)
@@ -57,8 +71,8 @@ ONEDNN_ROWS = 8
 
 class ExactGreedyHead:
     """argmax(head(hidden)) for float32 rows, from a bfloat16 copy of the head's weight in
-    oneDNN's packing (half the float32 head's memory), an int8 copy in panels (a quarter) and
-    the head's own panels."""
+    oneDNN's packing (half the float32 head's memory), an int8 copy (a quarter: in panels, or
+    for integer products with VNNI) and the head's own panels."""
 
     def __init__(self, head: PrepackedLinear) -> None:
         assert head.weight is not None, "the head keeps its weight (lay_out_for_cpu)"
@@ -67,7 +81,15 @@ class ExactGreedyHead:
         chain = chain_error(weight.shape[1])
         # bfloat16 inputs (2^-8 + 2^-18), then the product's and the head's float32 sums
         self.c1 = 2.0**-8 + 2.0**-18 + 2 * chain * (1 + 2.0**-8)
-        self.panels_int8, self.scales, self.int8_factors = _int8_panels(weight, chain)
+        values, scales, self.int8_factors, self.int8_norms = _int8_copy(weight, chain)
+        self.panels_int8: torch.Tensor | None = None
+        self.dots: tuple[torch.Tensor, torch.Tensor] | None = None  # (packed, column sums)
+        if torch.ops.eaglebatch.head_int8_dots_native():
+            self.dots = pack_int8_dots(values)
+            self.scales = F.pad(scales, (0, -len(scales) % PANEL))
+        else:
+            self.panels_int8, self.scales = int8_panels(values, scales)
+        del values
         # oneDNN's own packing of the bfloat16 copy: 1.4 / 2.5 ms at 8 / 64 rows against 3.0 /
         # 4.4 for a plain [hidden, vocab] matmul (2 threads, default model); the bound holds for
         # any summation order. The plain layout where this torch cannot pack.
@@ -101,10 +123,11 @@ class ExactGreedyHead:
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows] int64
         hidden = hidden.float().contiguous()
         small = hidden.shape[0] < ONEDNN_ROWS
-        approx = self._approx(hidden)  # [rows, vocab] bfloat16
+        approx, residual = self._approx(hidden)  # [rows, vocab] bfloat16, [rows] or None
         factors, c1 = (self.int8_factors, 1.0) if small else (self.weight_norms, self.c1)
         rows, cols, finite = torch.ops.eaglebatch.head_candidates(
-            approx, hidden.norm(dim=1), factors, c1, C2, SLACK)
+            approx, hidden.norm(dim=1), factors, c1, C2, SLACK, residual,
+            None if residual is None else self.int8_norms)
         if not finite:
             return self._full(hidden)
         exact = torch.ops.eaglebatch.panel_entries(hidden, self.head._packed, self.head.bias,
@@ -117,16 +140,22 @@ class ExactGreedyHead:
         first = torch.full((n,), approx.shape[1], dtype=torch.int64)
         return first.scatter_reduce(0, rows[top], cols[top], "amin")
 
-    def _approx(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.shape[0] < ONEDNN_ROWS:
-            return torch.ops.eaglebatch.panel_linear(hidden, self.panels_int8, None,
-                                                     self.head.out_features,
-                                                     self.scales).bfloat16()
-        if self._packed_bf16 is not None:
-            return torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), self._packed_bf16, None,
-                                                      "none", [], "")
-        assert self.weight_bf16_t is not None
-        return hidden.bfloat16() @ self.weight_bf16_t
+    def _approx(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The approximate logits (bfloat16) and, where the rows were rounded to int8 (integer
+        products), each row's |h - s_h p| for the bound (else None)."""
+        n = self.head.out_features
+        if hidden.shape[0] >= ONEDNN_ROWS:
+            if self._packed_bf16 is not None:
+                return torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), self._packed_bf16,
+                                                          None, "none", [], ""), None
+            assert self.weight_bf16_t is not None
+            return hidden.bfloat16() @ self.weight_bf16_t, None
+        if self.dots is not None:
+            approx, residual = torch.ops.eaglebatch.head_int8_dots(hidden, *self.dots,
+                                                                   self.scales, n)
+            return approx.bfloat16(), residual
+        return torch.ops.eaglebatch.panel_linear(hidden, self.panels_int8, None, n,
+                                                 self.scales).bfloat16(), None
 
     def _full(self, hidden: torch.Tensor) -> torch.Tensor:
         """The plain way: the whole float32 head, then its argmax."""
@@ -141,17 +170,29 @@ def chain_error(terms: int) -> float:
     return nu / (1 - nu)
 
 
-def _int8_panels(weight: torch.Tensor, chain: float, chunk: int = 8192
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(int8 panels, float32 scales padded to whole panels, per-output bound factors F_v of the
-    module docstring, rounded up; `chain`: chain_error of the hidden size) of a float32 [vocab,
-    hidden] weight. F_v in float64, `chunk` rows at a time: s_v q_v and w_v are exact there,
-    the norms' own error is far below the 2^-10 they are raised by."""
+def _int8_copy(weight: torch.Tensor, chain: float, chunk: int = 8192
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int8 values as float32 [vocab, hidden], scales [vocab], per-output bound factors F_v
+    and norms N_v = |s_v q_v| of the module docstring, both rounded up; `chain`: chain_error of
+    the hidden size) of a float32 [vocab, hidden] weight. F_v and N_v in float64, `chunk` rows
+    at a time: s_v q_v and w_v are exact there, the norms' own error is far below the 2^-10
+    they are raised by."""
     values, scales = quantize_int8(weight)
-    factors = []
+    factors, norms = [], []
     for start in range(0, weight.shape[0], chunk):
         w = weight[start:start + chunk].double()
         sq = values[start:start + chunk].double() * scales[start:start + chunk].double()[:, None]
-        f = (w - sq).norm(dim=1) + chain * (w.norm(dim=1) + sq.norm(dim=1))
+        sq_norm = sq.norm(dim=1)
+        f = (w - sq).norm(dim=1) + chain * (w.norm(dim=1) + sq_norm)
         factors.append((f * (1 + 2.0**-10)).float())
-    return (*int8_panels(values, scales), torch.cat(factors))
+        norms.append((sq_norm * (1 + 2.0**-10)).float())
+    return values, scales, torch.cat(factors), torch.cat(norms)
+
+
+def pack_int8_dots(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n, K] int8 values (as any dtype) -> (head_int8_dots' int8 [ceil(n / 64), ceil(K / 4),
+    64, 4] panels, int32 [n padded to 64] sums of each output's values)."""
+    q = values.to(torch.int8)
+    q = F.pad(q, (0, -q.shape[1] % 4, 0, -q.shape[0] % PANEL))
+    panels = q.view(q.shape[0] // PANEL, PANEL, q.shape[1] // 4, 4).permute(0, 2, 1, 3)
+    return panels.contiguous(), q.sum(1, dtype=torch.int32)

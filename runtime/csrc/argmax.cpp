@@ -15,6 +15,7 @@
 #include <vector>
 #include <cstdint>
 #include <limits>
+#include <optional>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -89,12 +90,14 @@ at::Tensor argmax_rows(const at::Tensor& logits) {  // [rows, n] float32 -> [row
 }
 
 // One row of head_candidates: the bfloat16 entries a_v and the bound's factors. Every bound is
-// computed as (scale * wn[v] + c2 * |a_v|) + slack, two products and two sums rounded in that
-// order (the kernels build without contraction), in the vector and the scalar code alike.
+// computed as ((scale * wn[v] + scale2 * wn2[v]) + c2 * |a_v|) + slack, products and sums rounded
+// in that order (the kernels build without contraction), in the vector and the scalar code alike;
+// without a second term scale2 is 0 and wn2 is wn, which adds an exact 0.
 struct Bounds {
   const uint16_t* a;
   const float* wn;
-  float scale, c2, slack;
+  const float* wn2;
+  float scale, scale2, c2, slack;
 
   float value(int64_t v) const {
     const uint32_t wide = static_cast<uint32_t>(a[v]) << 16;
@@ -102,15 +105,19 @@ struct Bounds {
     std::memcpy(&x, &wide, sizeof x);
     return x;
   }
-  float bound(int64_t v, float x) const { return scale * wn[v] + c2 * std::fabs(x) + slack; }
+  float bound(int64_t v, float x) const {
+    return ((scale * wn[v] + scale2 * wn2[v]) + c2 * std::fabs(x)) + slack;
+  }
 #ifdef __AVX512F__
   __m512 values(int64_t v) const {
     const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + v));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
   }
   __m512 bounds(int64_t v, __m512 x) const {
-    const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(scale), _mm512_loadu_ps(wn + v)),
-                                   _mm512_mul_ps(_mm512_set1_ps(c2), _mm512_abs_ps(x)));
+    const __m512 norms =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(scale), _mm512_loadu_ps(wn + v)),
+                      _mm512_mul_ps(_mm512_set1_ps(scale2), _mm512_loadu_ps(wn2 + v)));
+    const __m512 t = _mm512_add_ps(norms, _mm512_mul_ps(_mm512_set1_ps(c2), _mm512_abs_ps(x)));
     return _mm512_add_ps(t, _mm512_set1_ps(slack));
   }
 #endif
@@ -165,13 +172,14 @@ void row_candidates(const Bounds& b, int64_t n, float floor, std::vector<int64_t
 }
 
 // Candidates of the exact greedy head (runtime.greedy_head): approx [rows, n] bfloat16 logits
-// from a bfloat16 product, with the bound B_v = c1 * hidden_norm[r] * weight_norm[v] + c2 *
-// |a_v| + slack on |a_v - exact_v|. Returns (row ids, column ids) of the entries with
+// from a bfloat16 product, with the bound B_v = c1 * hidden_norm[r] * weight_norm[v] (+
+// hidden_norm2[r] * weight_norm2[v] where given) + c2 * |a_v| + slack on |a_v - exact_v|. Returns (row ids, column ids) of the entries with
 // a_v + B_v >= max_u (a_u - B_u), row-major, and whether every a_v was finite (if not, the
 // caller takes the full head and the lists are empty).
 std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
     const at::Tensor& approx, const at::Tensor& hidden_norm, const at::Tensor& weight_norm,
-    double c1, double c2, double slack) {
+    double c1, double c2, double slack, const std::optional<at::Tensor>& hidden_norm2,
+    const std::optional<at::Tensor>& weight_norm2) {
   TORCH_CHECK(approx.dim() == 2 && approx.is_contiguous() &&
               approx.scalar_type() == at::kBFloat16, "head_candidates: [rows, n] bfloat16");
   const int64_t rows = approx.size(0), n = approx.size(1);
@@ -179,9 +187,18 @@ std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
               weight_norm.scalar_type() == at::kFloat && weight_norm.numel() == n &&
               hidden_norm.is_contiguous() && weight_norm.is_contiguous(),
               "head_candidates: float32 norms, one per row and one per column");
+  TORCH_CHECK(hidden_norm2.has_value() == weight_norm2.has_value(),
+              "head_candidates: a second term needs both its norms");
+  if (hidden_norm2.has_value())
+    TORCH_CHECK(hidden_norm2->scalar_type() == at::kFloat && hidden_norm2->numel() == rows &&
+                weight_norm2->scalar_type() == at::kFloat && weight_norm2->numel() == n &&
+                hidden_norm2->is_contiguous() && weight_norm2->is_contiguous(),
+                "head_candidates: float32 second norms, one per row and one per column");
   const uint16_t* a = reinterpret_cast<const uint16_t*>(approx.data_ptr());
   const float* hn = hidden_norm.data_ptr<float>();
   const float* wn = weight_norm.data_ptr<float>();
+  const float* hn2 = hidden_norm2.has_value() ? hidden_norm2->data_ptr<float>() : nullptr;
+  const float* wn2 = weight_norm2.has_value() ? weight_norm2->data_ptr<float>() : wn;
   const float fc1 = static_cast<float>(c1), fc2 = static_cast<float>(c2);
   const float fslack = static_cast<float>(slack);
   // Rows in parallel, each in two passes over its n entries (the floor, then the candidates),
@@ -191,7 +208,8 @@ std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
   std::vector<char> bad(rows, 0);
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const Bounds b{a + r * n, wn, fc1 * hn[r], fc2, fslack};
+      const Bounds b{a + r * n, wn, wn2, fc1 * hn[r], hn2 != nullptr ? hn2[r] : 0.f, fc2,
+                     fslack};
       float floor = -std::numeric_limits<float>::infinity();
       if (!row_floor(b, n, &floor) || !std::isfinite(floor)) {
         bad[r] = 1;  // some a_v (or its bound) was not finite
@@ -224,7 +242,8 @@ std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
   m.def("argmax_rows(Tensor logits) -> Tensor");
   m.def("head_candidates(Tensor approx, Tensor hidden_norm, Tensor weight_norm, float c1, "
-        "float c2, float slack) -> (Tensor, Tensor, bool)");
+        "float c2, float slack, Tensor? hidden_norm2=None, Tensor? weight_norm2=None) "
+        "-> (Tensor, Tensor, bool)");
 }
 
 TORCH_LIBRARY_IMPL(eaglebatch, CPU, m) {

@@ -6,19 +6,21 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import EngineConfig, SamplingParams
-from runtime.cpu_gemm import PrepackedLinear, pack_panels, prepack
+from runtime.cpu_gemm import PrepackedLinear, pack_panels, prepack, quantize_int8
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
 from runtime.engine import Engine
-from runtime.greedy_head import ExactGreedyHead
+from runtime.greedy_head import ExactGreedyHead, pack_int8_dots
 from runtime.request import GenerationRequest
 
 
 def pick_candidates_with(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Which product picks the candidates, at any number of rows: int8 panels ("panels", used
-    below ONEDNN_ROWS rows) or the bfloat16 product from ONEDNN_ROWS on (any other)."""
+    """Which product picks the candidates, at any number of rows: the int8 copy ("panels", used
+    below ONEDNN_ROWS rows: integer products with VNNI, else int8 panels) or the bfloat16
+    product from ONEDNN_ROWS on (any other)."""
     monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", 10**9 if path == "panels" else 1)
 
 
@@ -93,16 +95,86 @@ def test_int8_bound_is_tight_enough_and_holds_where_it_is_reached(
     x = sigma[None, :].clone()
     full = argmax_rows(head(x))
     assert full.tolist() == [300]  # A wins exactly
-    approx = exact._approx(x).float()[0]
-    assert approx[500] - approx[300] > 0.4 * s * m  # but B leads the int8 product by far
+    approx, residual = exact._approx(x)  # x is exactly int8 (with VNNI): residual ~0
+    assert approx.float()[0, 500] - approx.float()[0, 300] > 0.4 * s * m  # B leads by far
     assert exact.argmax(x).tolist() == [300]
     candidates = torch.ops.eaglebatch.head_candidates(
-        exact._approx(x), x.norm(dim=1), exact.int8_factors * 0.8, 1.0, 2.0**-8, 1e-30)[1]
+        approx, x.norm(dim=1), exact.int8_factors * 0.8, 1.0, 2.0**-8, 1e-30, residual,
+        None if residual is None else exact.int8_norms)[1]
     assert 300 not in candidates.tolist()  # a bound 20% short would have lost A
 
 
+@pytest.mark.parametrize(("hidden", "short"), [(96, 0.8), (1501, 0.6)])
+def test_the_rows_rounding_term_is_tight_enough_and_holds_where_it_is_reached(
+        hidden: int, short: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integer products (VNNI): the rows are rounded to 16-bit integers too. x = (32767, 0.49
+    sigma): its scale is 1 and every other coordinate rounds to 0, 0.49 off. Row A = (0, sigma)
+    / 100 is exact in int8 and wins the float32 head by 0.02 m / 100, but its integer entry is
+    0; row B = (0.47 m / 32767 / 100, 0, ...) is exact for x too and leads the integer product
+    by 0.47 m / 100. Only the rows' rounding term |x - s_x p| N_A = 0.49 m / 100 keeps A a
+    candidate: `short` of it would lose A (0.6 at 1,501 inputs, where the float32 chains' own
+    term |x| F_A, larger with the inputs, makes up more of the bound)."""
+    pick_candidates_with("panels", monkeypatch)
+    head = head_of(700, hidden, 5)
+    g = torch.Generator().manual_seed(hidden)
+    m = hidden - 1
+    sigma = torch.randint(0, 2, (hidden,), generator=g).float() * 2 - 1
+    sigma[0] = 0.0
+    with torch.no_grad():
+        head.weight.mul_(0.001)  # the other rows lose clearly
+        head.weight[:, 0] = 0.0
+        head.weight[300] = sigma / 100  # A
+        head.weight[500] = 0.0
+        head.weight[500, 0] = 0.47 * m / 32767 / 100  # B
+    head._packed = pack_panels(head.weight.detach())
+    exact = ExactGreedyHead.for_head(head)
+    assert exact is not None
+    if exact.dots is None:
+        pytest.skip("this CPU has no AVX-512 VNNI: the head keeps the float32 int8 panels")
+    x = 0.49 * sigma[None, :]
+    x[0, 0] = 32767.0
+    assert argmax_rows(head(x)).tolist() == [300]  # A wins exactly
+    approx, residual = exact._approx(x)
+    assert residual is not None and approx.float()[0, 300] == 0  # A's coordinates round to 0
+    assert approx.float()[0, 500] > 0.46 * m / 100  # B leads the integer product
+    assert exact.argmax(x).tolist() == [300]
+    candidates = torch.ops.eaglebatch.head_candidates(
+        approx, x.norm(dim=1), exact.int8_factors, 1.0, 2.0**-8, 1e-30, residual * short,
+        exact.int8_norms)[1]
+    assert 300 not in candidates.tolist()
+
+
+@pytest.mark.parametrize(("n", "k", "rows"), [(200, 96, 3), (4999, 577, 7), (64, 4, 1),
+                                              (130, 1500, 5)])
+def test_integer_products_are_the_exact_sums_scaled(n: int, k: int, rows: int) -> None:
+    """head_int8_dots: the rows rounded to 16-bit integers (one scale each), the exact integer
+    sums times both scales, in float32, the VNNI and the portable code alike; the rows'
+    rounding error bounded from above (by at most 2^-19 more)."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    g = torch.Generator().manual_seed(n)
+    w, x = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g) * 3
+    values, scales = quantize_int8(w)
+    packed, column_sums = pack_int8_dots(values)
+    padded = F.pad(scales, (0, -n % 64))
+    native = torch.ops.eaglebatch.head_int8_dots(x, packed, column_sums, padded, n)
+    portable = torch.ops.eaglebatch.head_int8_dots(x, packed, column_sums, padded, n, False)
+    assert torch.equal(native[0], portable[0]) and torch.equal(native[1], portable[1])
+    sx = x.abs().amax(1) / 32767
+    p = (x / sx[:, None]).round().clamp(-32767, 32767)
+    want = (p.long() @ values.long().T).float() * (sx[:, None] * scales[None, :])
+    assert torch.equal(native[0], want)
+    exact_residual = (x.double() - sx[:, None].double() * p.double()).norm(dim=1)
+    ratio = native[1].double() / exact_residual
+    assert bool((ratio >= 1).all()) and bool((ratio < 1 + 2.0**-19).all())
+    x[-1, 3] = float("nan")  # a row that is not finite: NaN throughout (the full head takes it)
+    a, r = torch.ops.eaglebatch.head_int8_dots(x, packed, column_sums, padded, n)
+    assert bool(a[-1].isnan().all()) and bool(r[-1].isnan())
+    assert torch.equal(a[:-1], native[0][:-1]) and torch.equal(r[:-1], native[1][:-1])
+
+
+@pytest.mark.parametrize("second", [False, True])  # with the rows' rounding term or without
 @pytest.mark.parametrize("n", [5000, 4999])  # a multiple of 16, and a vector tail
-def test_candidates_are_exactly_those_within_the_bound(n: int) -> None:
+def test_candidates_are_exactly_those_within_the_bound(n: int, second: bool) -> None:
     """head_candidates against the rule written in torch (the same float32 operations in the
     same order): every (row, v) with a_v + B_v >= max_u (a_u - B_u), row-major."""
     assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
@@ -112,20 +184,25 @@ def test_candidates_are_exactly_those_within_the_bound(n: int) -> None:
     approx[3, 17] = 40.0  # a clear winner: one candidate in that row
     hidden_norm = torch.rand(rows, generator=g) * 10
     weight_norm = torch.rand(n, generator=g)
+    residual, norms = torch.rand(rows, generator=g) * 0.1, torch.rand(n, generator=g)
     c1, c2, slack = 2.0**-8, 2.0**-8, 1e-30
     a = approx.float()
-    bound = (torch.tensor(c1, dtype=torch.float32) * hidden_norm)[:, None] * weight_norm \
-        + torch.tensor(c2, dtype=torch.float32) * a.abs() + torch.tensor(slack, dtype=torch.float32)
+    term = (torch.tensor(c1, dtype=torch.float32) * hidden_norm)[:, None] * weight_norm
+    if second:
+        term = term + residual[:, None] * norms
+    bound = term + torch.tensor(c2, dtype=torch.float32) * a.abs() \
+        + torch.tensor(slack, dtype=torch.float32)
     floor = (a - bound).amax(dim=1, keepdim=True)
     want_rows, want_cols = (a + bound >= floor).nonzero(as_tuple=True)
+    extra = (residual, norms) if second else (None, None)
     got_rows, got_cols, finite = torch.ops.eaglebatch.head_candidates(
-        approx, hidden_norm, weight_norm, c1, c2, slack)
+        approx, hidden_norm, weight_norm, c1, c2, slack, *extra)
     assert finite and len(want_rows) > rows  # several candidates in most rows
     assert torch.equal(got_rows, want_rows) and torch.equal(got_cols, want_cols)
     assert got_cols[got_rows == 3].tolist() == [17]
     approx[5, n - 1] = float("inf")  # the last entry: the scalar tail when n % 16 != 0
     assert not torch.ops.eaglebatch.head_candidates(approx, hidden_norm, weight_norm, c1, c2,
-                                                    slack)[2]
+                                                    slack, *extra)[2]
 
 
 def test_ties_and_near_ties_follow_argmax_rows(approx: str) -> None:
