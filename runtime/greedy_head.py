@@ -38,8 +38,9 @@ bfloat16 panels.
 On CPUs with AVX-512 VNNI the rows are rounded to 16-bit integers too (h ~ s_h p, one scale per
 row) and the products summed exactly in integers (head_int8_dots: two instructions per 64
 weights and row, where the float32 products of int8 panels spend four FMAs per row and eight
-instructions widening the weights, so that at 3-7 rows it is bound by reading the weights: the whole head of real rows 1 / 3 / 4 / 6 / 7 rows 1.02 / 1.36 /
-1.78 / 2.21 / 3.02 -> 1.03 / 1.17 / 1.61 / 1.82 / 2.25 ms, EPYC, 2 threads, caches flushed).
+instructions widening the weights, so that at 3-7 rows it is bound by reading the weights: the
+whole head of real rows, 1 / 3 / 4 / 6 / 7 rows, 1.02 / 1.36 / 1.78 / 2.21 / 3.02 -> 1.03 /
+1.17 / 1.61 / 1.82 / 2.25 ms, EPYC, 2 threads, caches flushed).
 Rounding h moves the exact product by at most |h - s_h p| |s_v q_v|, so the bound gains a term:
 
     |a_v - z_v| <= |h| * F_v + |h - s_h p| * N_v + C2 * |a_v|,   N_v = |s_v q_v|
@@ -67,6 +68,7 @@ SLACK = 1e-30  # keeps B > 0 where norms underflow
 # it), below from int8 panels (2 threads, EPYC, against bfloat16 panels then: 8 rows 3.4 / 3.0
 # ms, 16 rows 4.6 / 5.4)
 ONEDNN_ROWS = 8
+DOTS_MAX_INPUTS = 65536  # head_int8_dots' integer sums are exact up to this hidden size
 
 
 class ExactGreedyHead:
@@ -84,7 +86,7 @@ class ExactGreedyHead:
         values, scales, self.int8_factors, self.int8_norms = _int8_copy(weight, chain)
         self.panels_int8: torch.Tensor | None = None
         self.dots: tuple[torch.Tensor, torch.Tensor] | None = None  # (packed, column sums)
-        if torch.ops.eaglebatch.head_int8_dots_native():
+        if torch.ops.eaglebatch.head_int8_dots_native() and weight.shape[1] <= DOTS_MAX_INPUTS:
             self.dots = pack_int8_dots(values)
             self.scales = F.pad(scales, (0, -len(scales) % PANEL))
         else:
@@ -141,8 +143,8 @@ class ExactGreedyHead:
         return first.scatter_reduce(0, rows[top], cols[top], "amin")
 
     def _approx(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The approximate logits (bfloat16) and, where the rows were rounded to int8 (integer
-        products), each row's |h - s_h p| for the bound (else None)."""
+        """The approximate logits (bfloat16) and, where the rows were rounded to integers
+        (integer products), each row's |h - s_h p| for the bound (else None)."""
         n = self.head.out_features
         if hidden.shape[0] >= ONEDNN_ROWS:
             if self._packed_bf16 is not None:
