@@ -19,10 +19,10 @@ come from panel_entries (the same chains as panel_linear: the same bits), and th
 their maximum is the answer argmax_rows would give on the full logits. Rows whose logits are not
 all finite take the full head instead (NaN and infinities keep argmax_rows' rules).
 
-Below ONEDNN_ROWS rows (decode and draft verification at small batches), a comes from
-panel_linear on int8 panels instead (w_v ~ s_v q_v, one scale per output, as a drafter's int8
-weights): a quarter of the float32 head's bytes, which is what a product of a few rows costs. Its
-own bound, per entry:
+Below ONEDNN_ROWS rows (decode and draft verification at small batches; below DOTS_ROWS with
+integer products on a CPU without AMX), a comes from panel_linear on int8 panels instead (w_v ~
+s_v q_v, one scale per output, as a drafter's int8 weights): a quarter of the float32 head's
+bytes, which is what a product of a few rows costs. Its own bound, per entry:
 
     |a_v - z_v| <= |h| * F_v + C2 * |a_v|,   F_v = |w_v - s_v q_v| + c (|w_v| + |s_v q_v|)
 
@@ -68,6 +68,10 @@ SLACK = 1e-30  # keeps B > 0 where norms underflow
 # it), below from int8 panels (2 threads, EPYC, against bfloat16 panels then: 8 rows 3.4 / 3.0
 # ms, 16 rows 4.6 / 5.4)
 ONEDNN_ROWS = 8
+# With integer products (VNNI) and no AMX they stay the faster way up to this many rows (the whole
+# head of real rows, EPYC, 2 threads, caches flushed: 8 / 16 / 32 / 48 / 64 rows 1.94 / 3.18 /
+# 6.09 / 8.80 / 11.36 ms against 2.53 / 3.55 / 6.14 / 9.26 / 10.79 from oneDNN's bfloat16 product)
+DOTS_ROWS = 48
 DOTS_MAX_INPUTS = 65536  # head_int8_dots' integer sums are exact up to this hidden size
 
 
@@ -92,6 +96,8 @@ class ExactGreedyHead:
         else:
             self.panels_int8, self.scales = int8_panels(values, scales)
         del values
+        # below how many rows the int8 copy picks the candidates (AMX: oneDNN from ONEDNN_ROWS)
+        self._dots_wide = self.dots is not None and not torch.cpu._is_amx_tile_supported()
         # oneDNN's own packing of the bfloat16 copy: 1.4 / 2.5 ms at 8 / 64 rows against 3.0 /
         # 4.4 for a plain [hidden, vocab] matmul (2 threads, default model); the bound holds for
         # any summation order. The plain layout where this torch cannot pack.
@@ -124,7 +130,7 @@ class ExactGreedyHead:
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows] int64
         hidden = hidden.float().contiguous()
-        small = hidden.shape[0] < ONEDNN_ROWS
+        small = hidden.shape[0] < self._int8_rows()
         approx, residual = self._approx(hidden)  # [rows, vocab] bfloat16, [rows] or None
         factors, c1 = (self.int8_factors, 1.0) if small else (self.weight_norms, self.c1)
         rows, cols, finite = torch.ops.eaglebatch.head_candidates(
@@ -146,7 +152,7 @@ class ExactGreedyHead:
         """The approximate logits (bfloat16) and, where the rows were rounded to integers
         (integer products), each row's |h - s_h p| for the bound (else None)."""
         n = self.head.out_features
-        if hidden.shape[0] >= ONEDNN_ROWS:
+        if hidden.shape[0] >= self._int8_rows():
             if self._packed_bf16 is not None:
                 return torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), self._packed_bf16,
                                                           None, "none", [], ""), None
@@ -158,6 +164,10 @@ class ExactGreedyHead:
             return approx.bfloat16(), residual
         return torch.ops.eaglebatch.panel_linear(hidden, self.panels_int8, None, n,
                                                  self.scales).bfloat16(), None
+
+    def _int8_rows(self) -> int:
+        """Products of fewer rows than this take the int8 copy, others oneDNN's bfloat16 one."""
+        return DOTS_ROWS if self._dots_wide else ONEDNN_ROWS
 
     def _full(self, hidden: torch.Tensor) -> torch.Tensor:
         """The plain way: the whole float32 head, then its argmax."""

@@ -19,9 +19,10 @@ from runtime.request import GenerationRequest
 
 def pick_candidates_with(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Which product picks the candidates, at any number of rows: the int8 copy ("panels", used
-    below ONEDNN_ROWS rows: integer products with VNNI, else int8 panels) or the bfloat16
-    product from ONEDNN_ROWS on (any other)."""
+    below ONEDNN_ROWS or DOTS_ROWS rows: integer products with VNNI, else int8 panels) or the
+    bfloat16 product from there on (any other)."""
     monkeypatch.setattr("runtime.greedy_head.ONEDNN_ROWS", 10**9 if path == "panels" else 1)
+    monkeypatch.setattr("runtime.greedy_head.DOTS_ROWS", 10**9 if path == "panels" else 1)
 
 
 @pytest.fixture(params=["panels", "onednn"])
