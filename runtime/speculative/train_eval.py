@@ -66,7 +66,9 @@ def evaluate(model: str, drafter: Path, prompts: Sequence[str], k: int, max_toke
 
 def write_model_card(job: TrainDrafterJob, num_sequences: int, num_answer_tokens: int,
                      steps: int, wall_s: float, log: list[dict[str, float]],
-                     result: EvalResult | None, train_s: float = 0.0) -> Path:
+                     result: EvalResult | None, train_s: float = 0.0, kept: int = 0) -> Path:
+    """kept: answers in the data directory that this job's plan does not name (made by an
+    earlier run with other samples, and trained on too)."""
     last = log[-20:]
     acc = {key: sum(r[key] for r in last) / len(last)
            for key in (last[0] if last else {}) if key.startswith("acc")}
@@ -81,7 +83,7 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
   unrolled draft steps; weights stored as {job.save_dtype}
 - Data: {num_sequences} answers ({num_answer_tokens} tokens) that the target generated itself with
   our engine (chat template, at most {job.max_answer_tokens} tokens, target in {job.data_dtype}) for
-  the prompts in `{job.prompts_source}`: {answers_line(job)}; features from one teacher-forced
+  the prompts in `{job.prompts_source}`: {answers_line(job, kept)}; features from one teacher-forced
   pass of the target ({job.feature_dtype or job.data_dtype}) over prompt + answer
 - Initialisation: {init_line(job)}
 - Training: {steps} steps ({train_s / 60:.1f} min of training in all runs), AdamW lr
@@ -100,13 +102,17 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
     return path
 
 
-def answers_line(job: TrainDrafterJob) -> str:
-    if not job.answer_samples:
-        return "its greedy answer to each"
-    numbers = (f" (samples #{job.first_sample}-#{job.first_sample + job.answer_samples - 1})"
-               if job.first_sample != 1 else "")
-    return (f"its greedy answer to each and {job.answer_samples} sampled at temperature "
-            f"{job.answer_temperature}{numbers}")
+def answers_line(job: TrainDrafterJob, kept: int = 0) -> str:
+    line = "its greedy answer to each"
+    if job.answer_samples:
+        last = job.first_sample + job.answer_samples - 1
+        numbers = ("" if job.first_sample == 1 else f" (sample #{last})"
+                   if job.answer_samples == 1 else f" (samples #{job.first_sample}-#{last})")
+        line += (f" and {job.answer_samples} sampled at temperature {job.answer_temperature}"
+                 f"{numbers}")
+    if kept:
+        line += f", besides {kept} answers an earlier run left in the data directory"
+    return line
 
 
 def init_line(job: TrainDrafterJob) -> str:

@@ -122,7 +122,8 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                           job.eval_max_tokens)
         print(result.summary())
     write_model_card(job, len(rows), sum(len(r["answer_ids"]) for r in rows), trainer.step,
-                     time.time() - started, log, result, trainer.elapsed_s)
+                     time.time() - started, log, result, trainer.elapsed_s,
+                     kept=sum(r["id"] not in planned for r in rows))
     return result
 
 

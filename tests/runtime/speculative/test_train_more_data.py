@@ -5,6 +5,7 @@ shorter chunk, and --init-drafter starts from exactly the given drafter's weight
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import zlib
 from pathlib import Path
 
@@ -151,3 +152,19 @@ def test_cli_first_sample_draws_later_samples(tiny_model_dir: Path, tmp_path: Pa
         [*IDS, *(f"{i}#s{j}" for j in (3, 4) for i in IDS)])
     assert ("its greedy answer to each and 2 sampled at temperature 0.7 (samples #3-#4)"
             in (out / "README.md").read_text())
+    # a later round in a fresh directory on a copy of this data: one new sample per prompt, the
+    # earlier samples stay in the data (and are trained on), and the card says so
+    later = tmp_path / "later"
+    shutil.copytree(out / "data", later / "data")
+    result = CliRunner().invoke(main, [
+        "train-drafter", "--model", str(tiny_model_dir), "--prompts", str(prompts),
+        "--out", str(later), "--max-steps", "1", "--max-answer-tokens", "6",
+        "--answer-samples", "1", "--first-sample", "5", "--data-dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    rows = read_answers(later / "data" / "answers.jsonl")
+    assert sorted(r["id"] for r in rows) == sorted(
+        [*IDS, *(f"{i}#s{j}" for j in (3, 4, 5) for i in IDS)])
+    card = " ".join((later / "README.md").read_text().split())
+    assert (f"Data: {4 * len(IDS)} answers" in card and "and 1 sampled at temperature 0.7 "
+            f"(sample #5), besides {2 * len(IDS)} answers an earlier run left in the data "
+            "directory" in card)
