@@ -1,6 +1,6 @@
-"""The greedy token without the full float32 LM head: a bfloat16 product (int8 panels below 8
-rows) picks the candidates, panel_entries computes them exactly. Same answer, bit for bit, as
-argmax of the full head.
+"""The greedy token without the full float32 LM head: a bfloat16 product (below 8 rows an int8
+copy: panels, or integer products with VNNI, up to 48 rows without AMX) picks the candidates,
+panel_entries computes them exactly. Same answer, bit for bit, as argmax of the full head.
 
 A greedy step needs argmax_v z_v of the float32 logits z = h W^T (on the CPU: panel_linear, one
 FMA chain per entry), not the logits. A bfloat16 product a = bf16(h) bf16(W)^T (oneDNN, AMX on
