@@ -173,9 +173,10 @@ void row_candidates(const Bounds& b, int64_t n, float floor, std::vector<int64_t
 
 // Candidates of the exact greedy head (runtime.greedy_head): approx [rows, n] bfloat16 logits
 // from a bfloat16 product, with the bound B_v = c1 * hidden_norm[r] * weight_norm[v] (+
-// hidden_norm2[r] * weight_norm2[v] where given) + c2 * |a_v| + slack on |a_v - exact_v|. Returns (row ids, column ids) of the entries with
-// a_v + B_v >= max_u (a_u - B_u), row-major, and whether every a_v was finite (if not, the
-// caller takes the full head and the lists are empty).
+// hidden_norm2[r] * weight_norm2[v] where given) + c2 * |a_v| + slack on |a_v - exact_v|.
+// Returns (row ids, column ids) of the entries with a_v + B_v >= max_u (a_u - B_u), row-major,
+// and whether every a_v was finite (if not, the caller takes the full head and the lists are
+// empty).
 std::tuple<at::Tensor, at::Tensor, bool> head_candidates(
     const at::Tensor& approx, const at::Tensor& hidden_norm, const at::Tensor& weight_norm,
     double c1, double c2, double slack, const std::optional<at::Tensor>& hidden_norm2,

@@ -51,6 +51,7 @@ constexpr int64_t kOut = 64;     // outputs per panel
 constexpr int64_t kGroup = 4;    // inputs per vpdpbusd lane
 constexpr int64_t kTileRows = 3; // rows per pass over a panel (24 accumulators)
 constexpr float kLevels = 32767.f;
+constexpr int64_t kMaxInputs = 65536;  // K up to which every int32 sum is exact (see the top)
 
 // One row of x as two byte strings (p = 256 h + l: l, and h + 128; K4 * 4 of each, p = 0 past
 // K), its scale s_x, and the rounded-up norm of x - s_x p; finite is false when x has a NaN or
@@ -209,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor> head_int8_dots(const at::Tensor& x, const at:
               col_sums.numel() >= n && scales.scalar_type() == at::kFloat &&
               scales.is_contiguous() && scales.numel() >= n,
               "head_int8_dots: int32 column sums and float32 scales, n of each");
-  TORCH_CHECK(k <= 65536, "head_int8_dots: K too large for exact int32 sums");
+  TORCH_CHECK(k <= kMaxInputs, "head_int8_dots: K too large for exact int32 sums");
   std::vector<RowQuant> quant;
   quant.reserve(rows);
   for (int64_t r = 0; r < rows; ++r)
@@ -219,13 +220,9 @@ std::tuple<at::Tensor, at::Tensor> head_int8_dots(const at::Tensor& x, const at:
   for (int64_t r = 0; r < rows; ++r)
     residual.data_ptr<float>()[r] =
         quant[r].finite ? quant[r].residual : std::numeric_limits<float>::quiet_NaN();
-  const int8_t* w = packed.data_ptr<int8_t>();
-  if (native)
-    run<true>(quant, w, col_sums.data_ptr<int32_t>(), scales.data_ptr<float>(), n, k4,
-              out.data_ptr<float>());
-  else
-    run<false>(quant, w, col_sums.data_ptr<int32_t>(), scales.data_ptr<float>(), n, k4,
-               out.data_ptr<float>());
+  (native ? run<true> : run<false>)(quant, packed.data_ptr<int8_t>(),
+                                    col_sums.data_ptr<int32_t>(), scales.data_ptr<float>(), n,
+                                    k4, out.data_ptr<float>());
   return {out, residual};
 }
 

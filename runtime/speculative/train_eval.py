@@ -105,11 +105,11 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
 def answers_line(job: TrainDrafterJob, kept: int = 0) -> str:
     line = "its greedy answer to each"
     if job.answer_samples:
+        line += f" and {job.answer_samples} sampled at temperature {job.answer_temperature}"
         last = job.first_sample + job.answer_samples - 1
-        numbers = ("" if job.first_sample == 1 else f" (sample #{last})"
-                   if job.answer_samples == 1 else f" (samples #{job.first_sample}-#{last})")
-        line += (f" and {job.answer_samples} sampled at temperature {job.answer_temperature}"
-                 f"{numbers}")
+        if job.first_sample != 1:  # numbered only where they do not start at #1
+            line += (f" (sample #{last})" if job.answer_samples == 1
+                     else f" (samples #{job.first_sample}-#{last})")
     if kept:
         line += f", besides {kept} answers an earlier run left in the data directory"
     return line

@@ -51,6 +51,22 @@ def head_of(vocab: int, hidden: int, seed: int) -> PrepackedLinear:
     return head
 
 
+def signs(hidden: int) -> torch.Tensor:
+    """A fixed random +-1 vector of `hidden` values, 0 in coordinate 0."""
+    g = torch.Generator().manual_seed(hidden)
+    sigma = torch.randint(0, 2, (hidden,), generator=g).float() * 2 - 1
+    sigma[0] = 0.0
+    return sigma
+
+
+def exact_head_after_edit(head: PrepackedLinear) -> ExactGreedyHead:
+    """The exact head of `head` after its weight was edited in place (panels packed again)."""
+    head._packed = pack_panels(head.weight.detach())
+    exact = ExactGreedyHead.for_head(head)
+    assert exact is not None
+    return exact
+
+
 @pytest.mark.parametrize("kind", ["panels", "onednn", "matmul"])
 @pytest.mark.parametrize("rows", [1, 4, 64])
 def test_exact_head_equals_the_full_argmax(rows: int, kind: str,
@@ -78,10 +94,8 @@ def test_int8_bound_is_tight_enough_and_holds_where_it_is_reached(
     ~0.9 of |x| |e_A| = 0.49 s m keeps A a candidate."""
     pick_candidates_with("panels", monkeypatch)
     head = head_of(700, hidden, 4)
-    g = torch.Generator().manual_seed(hidden)
     m = hidden - 1
-    sigma = torch.randint(0, 2, (hidden,), generator=g).float() * 2 - 1
-    sigma[0] = 0.0
+    sigma = signs(hidden)
     q = torch.zeros(hidden)
     q[0] = 127.0  # sets the rows' int8 scale to s = 1/127; x[0] = 0 below
     tau = sigma * (torch.arange(hidden) % 20 < 9)  # 45% of the coordinates
@@ -90,9 +104,7 @@ def test_int8_bound_is_tight_enough_and_holds_where_it_is_reached(
         head.weight.mul_(0.01)  # the other rows lose clearly
         head.weight[300] = s * (q + 0.49 * sigma)  # A
         head.weight[500] = s * (q + tau)  # B
-    head._packed = pack_panels(head.weight.detach())
-    exact = ExactGreedyHead.for_head(head)
-    assert exact is not None
+    exact = exact_head_after_edit(head)
     x = sigma[None, :].clone()
     full = argmax_rows(head(x))
     assert full.tolist() == [300]  # A wins exactly
@@ -117,19 +129,15 @@ def test_the_rows_rounding_term_is_tight_enough_and_holds_where_it_is_reached(
     term |x| F_A, larger with the inputs, makes up more of the bound)."""
     pick_candidates_with("panels", monkeypatch)
     head = head_of(700, hidden, 5)
-    g = torch.Generator().manual_seed(hidden)
     m = hidden - 1
-    sigma = torch.randint(0, 2, (hidden,), generator=g).float() * 2 - 1
-    sigma[0] = 0.0
+    sigma = signs(hidden)
     with torch.no_grad():
         head.weight.mul_(0.001)  # the other rows lose clearly
         head.weight[:, 0] = 0.0
         head.weight[300] = sigma / 100  # A
         head.weight[500] = 0.0
         head.weight[500, 0] = 0.47 * m / 32767 / 100  # B
-    head._packed = pack_panels(head.weight.detach())
-    exact = ExactGreedyHead.for_head(head)
-    assert exact is not None
+    exact = exact_head_after_edit(head)
     if exact.dots is None:
         pytest.skip("this CPU has no AVX-512 VNNI: the head keeps the float32 int8 panels")
     x = 0.49 * sigma[None, :]

@@ -141,28 +141,26 @@ def test_cli_refuses_a_bad_init_drafter_before_making_data(tiny_model_dir: Path,
 def test_cli_first_sample_draws_later_samples(tiny_model_dir: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "p.parquet"
     pq.write_table(pa.table({"id": list(IDS), "prompt": list(PROMPTS)}), prompts)
+
+    def train(out: Path, samples: int, first: int) -> list[str]:
+        """train-drafter with `samples` sampled answers from #first; the answers' ids."""
+        result = CliRunner().invoke(main, [
+            "train-drafter", "--model", str(tiny_model_dir), "--prompts", str(prompts),
+            "--out", str(out), "--max-steps", "1", "--max-answer-tokens", "6",
+            "--answer-samples", str(samples), "--first-sample", str(first),
+            "--data-dtype", "float32"])
+        assert result.exit_code == 0, result.output
+        return sorted(r["id"] for r in read_answers(out / "data" / "answers.jsonl"))
+
     out = tmp_path / "d"
-    result = CliRunner().invoke(main, [
-        "train-drafter", "--model", str(tiny_model_dir), "--prompts", str(prompts),
-        "--out", str(out), "--max-steps", "1", "--max-answer-tokens", "6",
-        "--answer-samples", "2", "--first-sample", "3", "--data-dtype", "float32"])
-    assert result.exit_code == 0, result.output
-    rows = read_answers(out / "data" / "answers.jsonl")
-    assert sorted(r["id"] for r in rows) == sorted(
-        [*IDS, *(f"{i}#s{j}" for j in (3, 4) for i in IDS)])
+    assert train(out, 2, 3) == sorted([*IDS, *(f"{i}#s{j}" for j in (3, 4) for i in IDS)])
     assert ("its greedy answer to each and 2 sampled at temperature 0.7 (samples #3-#4)"
             in (out / "README.md").read_text())
     # a later round in a fresh directory on a copy of this data: one new sample per prompt, the
     # earlier samples stay in the data (and are trained on), and the card says so
     later = tmp_path / "later"
     shutil.copytree(out / "data", later / "data")
-    result = CliRunner().invoke(main, [
-        "train-drafter", "--model", str(tiny_model_dir), "--prompts", str(prompts),
-        "--out", str(later), "--max-steps", "1", "--max-answer-tokens", "6",
-        "--answer-samples", "1", "--first-sample", "5", "--data-dtype", "float32"])
-    assert result.exit_code == 0, result.output
-    rows = read_answers(later / "data" / "answers.jsonl")
-    assert sorted(r["id"] for r in rows) == sorted(
+    assert train(later, 1, 5) == sorted(
         [*IDS, *(f"{i}#s{j}" for j in (3, 4, 5) for i in IDS)])
     card = " ".join((later / "README.md").read_text().split())
     assert (f"Data: {4 * len(IDS)} answers" in card and "and 1 sampled at temperature 0.7 "
