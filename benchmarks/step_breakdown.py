@@ -1,0 +1,151 @@
+"""Where a decode step's time goes, without and with the drafter, at batch 1.
+
+Runs the same prompts through two engines that share the target's weights (k = 0, and the
+drafter at k = K), one prompt each in turn so that a drift of the machine's speed hits both
+alike, and times the parts of every decode step (prompt steps are left out):
+
+- target: the target model's forward over the step's rows (1 without drafts, 1 + drafts with);
+- head + verify: the LM head's argmax (the exact greedy head) and the draft verification;
+- proposing: everything the proposer does (drafter forwards, its head, lookups, metadata);
+- rest: the engine's own work around them (scheduling, inputs, appending tokens).
+
+It prints the medians per decode step and the ratio the parts imply, tokens per step over the
+drafted step's cost relative to the plain one (what `eaglebatch bench` measures end to end):
+
+    PYTHONPATH=. python benchmarks/step_breakdown.py --num-prompts 8 --k 2 --threads 2
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import torch
+
+from pipeline.bench.workload import build_workload, read_prompts
+from runtime.config import CLI_DRAFT_CONFIDENCE, CLI_DRAFT_NGRAM_TOKENS, DEFAULT_MODEL, EngineConfig
+from runtime.engine import Engine
+from runtime.loader import default_drafter, load_tokenizer, resolve_model
+
+PARTS = ("target", "head + verify", "proposing", "rest")
+
+
+class StepTimer:
+    """Wraps an engine's step, its runner's target forward, sampling and proposer (instance
+    attributes, so the engine's code runs unchanged) and keeps each decode step's parts in ms."""
+
+    active: StepTimer | None = None  # the timer whose engine runs a step (they share the model)
+
+    def __init__(self, engine: Engine) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.tokens = 0
+        self._current: dict[str, float] = {}
+        self._rows = 0
+        runner = engine.runner
+        _time_forwards(runner.model)
+        runner._sample = self._wrap("head + verify", runner._sample)  # type: ignore[method-assign]
+        if runner.proposer is not None:
+            proposer = runner.proposer
+            proposer.propose = self._wrap("proposing", proposer.propose)  # type: ignore[method-assign]
+        step = engine.step
+
+        def timed_step(on_step: Callable[[int], None] | None = None) -> Any:
+            self._current = dict.fromkeys(PARTS[:-1], 0.0)
+            generated = [0]
+            StepTimer.active = self
+            start = time.perf_counter()
+            finished = step(lambda n: generated.__setitem__(0, n))
+            total = (time.perf_counter() - start) * 1e3
+            if on_step is not None:
+                on_step(generated[0])
+            if self._rows <= engine.config.num_speculative_tokens + CLI_DRAFT_NGRAM_TOKENS + 1:
+                self._current["rest"] = total - sum(self._current.values())
+                self.steps.append(self._current)
+                self.tokens += generated[0]
+            return finished
+
+        engine.step = timed_step  # type: ignore[method-assign]
+
+    def _wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda *args, **kwargs: self._timed(part, fn, *args, **kwargs)
+
+    def _timed(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        self._current[part] = self._current.get(part, 0.0) + (time.perf_counter() - start) * 1e3
+        return result
+
+    def medians(self) -> dict[str, float]:
+        parts = {p: statistics.median(s[p] for s in self.steps) for p in PARTS}
+        parts["step"] = statistics.median(sum(s.values()) for s in self.steps)
+        return parts
+
+
+def _time_forwards(model: torch.nn.Module) -> None:
+    """Times the target's forwards for the active timer (once per model: engines share it)."""
+    if "forward" in vars(model):
+        return
+    original = model.forward
+
+    def forward(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        timer = StepTimer.active
+        assert timer is not None
+        timer._rows = int(input_ids.shape[0])
+        return timer._timed("target", original, input_ids, *args, **kwargs)
+
+    model.forward = forward
+
+
+@click.command()
+@click.option("--prompts", default="examples/prompts.parquet", show_default=True,
+              help="Parquet file of prompts (column 'prompt').")
+@click.option("--num-prompts", default=8, show_default=True, help="Use the first N prompts.")
+@click.option("--k", default=2, show_default=True, help="Draft tokens per step of the drafter.")
+@click.option("--drafter", default="auto", show_default=True,
+              help="Drafter directory; 'auto': the one shipped for the default model.")
+@click.option("--max-tokens", default=128, show_default=True, help="New tokens per prompt.")
+@click.option("--threads", default=None, type=int, help="torch threads (default: torch's).")
+def main(prompts: str, num_prompts: int, k: int, drafter: str, max_tokens: int,
+         threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+    model_dir = resolve_model(DEFAULT_MODEL)
+    drafter_dir = default_drafter(DEFAULT_MODEL) if drafter == "auto" else Path(drafter)
+    if drafter_dir is None:
+        raise click.BadParameter("no drafter is shipped for the default model",
+                                 param_hint="--drafter")
+    tokenizer = load_tokenizer(model_dir)
+    workload = build_workload(read_prompts(prompts, "prompt", num_prompts), "prompt", tokenizer,
+                              2048, max_tokens, True, False)
+    # the defaults of `eaglebatch bench` at batch 1
+    base = dict(model=str(model_dir), max_num_seqs=1, kv_cache_memory=1 << 28,
+                enable_prefix_caching=False, draft_int8=True, draft_ngram=True,
+                draft_ngram_tokens=CLI_DRAFT_NGRAM_TOKENS, draft_confidence=CLI_DRAFT_CONFIDENCE)
+    plain = Engine(EngineConfig(**base))  # type: ignore[arg-type]
+    drafted = Engine(EngineConfig(**base, drafter=str(drafter_dir),  # type: ignore[arg-type]
+                                  num_speculative_tokens=k), plain.model)
+    requests = workload.requests()
+    for engine in (plain, drafted):  # warm-up, untimed
+        list(engine.generate(requests[:1]))
+    timers = [StepTimer(plain), StepTimer(drafted)]
+    outputs: list[list[tuple[int, ...]]] = [[], []]
+    for request in requests:
+        for i, engine in enumerate((plain, drafted)):
+            outputs[i] += [c.token_ids for c in engine.generate([request])]
+    same = outputs[0] == outputs[1]
+    (p, p_tokens), (d, d_tokens) = ((t.medians(), t.tokens / len(t.steps)) for t in timers)
+    print(f"{len(requests)} prompts, {sum(map(len, outputs[0]))} tokens, outputs equal: {same}")
+    print(f"| part (ms per decode step, median) | k=0 | k={k} | difference |")
+    print("| --- | ---: | ---: | ---: |")
+    for part in (*PARTS, "step"):
+        print(f"| {part} | {p[part]:.2f} | {d[part]:.2f} | {d[part] - p[part]:+.2f} |")
+    print(f"tokens per decode step: {p_tokens:.3f} / {d_tokens:.3f}; implied speedup "
+          f"{d_tokens / p_tokens * p['step'] / d['step']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
