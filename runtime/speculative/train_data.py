@@ -191,6 +191,8 @@ def build_feature_shards(model_dir: Path, data_dir: Path, layers: tuple[int, ...
     # a shard written for a shorter last chunk (answers added since) is rebuilt
     missing = [i for i, p in enumerate(paths)
                if not p.is_file() or shard_rows(p) != len(chunks[i])]
+    if progress is not None:  # shards kept from an earlier run count as done
+        progress.update(sum(len(c) for c in chunks) - sum(len(chunks[i]) for i in missing))
     if missing:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         model.eval()

@@ -23,6 +23,7 @@ from runtime.loader import load_model_config
 from runtime.request import GenerationRequest
 from runtime.speculative.train_data import (
     answer_plan,
+    build_feature_shards,
     read_answers,
     read_shard,
     render_prompts,
@@ -92,6 +93,35 @@ def test_more_answers_on_resume_rebuild_the_short_shard(tiny_model_dir: Path,
         assert list(alone.token_ids) == rows[3 + n]["answer_ids"]
         assert rows[3 + n]["prompt_ids"] == rows[n]["prompt_ids"]
     assert any(r["answer_ids"] != greedy[r["id"][0]] for r in rows[3:])
+
+
+class _Bar:
+    """Records a progress bar's updates."""
+
+    def __init__(self) -> None:
+        self.updates: list[int] = []
+
+    def update(self, n: int) -> None:
+        self.updates.append(n)
+
+
+def test_feature_progress_counts_kept_shards_as_done(tiny_model_dir: Path,
+                                                     tmp_path: Path) -> None:
+    """A later round adds answers to a copy of the data directory: its progress bar (total =
+    all answers) starts at the rows of the shards kept, so its estimate is for the new ones."""
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out))
+    data = out / "data"
+    first = build_feature_shards(tiny_model_dir, data, (-1,), shard_size=2, progress=_Bar())
+    assert [shard_rows(p) for p in first] == [2, 1]
+    bar = _Bar()
+    build_feature_shards(tiny_model_dir, data, (-1,), shard_size=2, progress=bar)
+    assert bar.updates == [3]  # nothing computed
+    first[1].unlink()
+    bar = _Bar()
+    build_feature_shards(tiny_model_dir, data, (-1,), shard_size=2, progress=bar)
+    assert bar.updates == [2, 1]  # shard 0 kept, shard 1 computed
+    assert shard_rows(first[1]) == 1
 
 
 def test_init_drafter_starts_from_its_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
