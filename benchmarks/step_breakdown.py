@@ -26,10 +26,13 @@ from typing import Any
 import click
 import torch
 
+from pipeline.bench.engine_run import engine_config
 from pipeline.bench.workload import build_workload, read_prompts
 from runtime.config import CLI_DRAFT_CONFIDENCE, CLI_DRAFT_NGRAM_TOKENS, DEFAULT_MODEL, EngineConfig
 from runtime.engine import Engine
 from runtime.loader import default_drafter, load_tokenizer, resolve_model
+from runtime.model_runner import RunnerOutput
+from runtime.scheduler import SchedulerOutput
 
 PARTS = ("target", "head + verify", "proposing", "rest")
 
@@ -44,9 +47,16 @@ class StepTimer:
         self.steps: list[dict[str, float]] = []
         self.tokens = 0
         self._current: dict[str, float] = {}
-        self._rows = 0
+        self._decode = False  # whether the step being run feeds no prompt token
         runner = engine.runner
         _time_forwards(runner.model)
+        execute = runner.execute
+
+        def noting_decode(out: SchedulerOutput, block_tables: list[list[int]]) -> RunnerOutput:
+            self._decode = all(start >= seq.num_prompt_tokens for seq, start, _ in out.scheduled)
+            return execute(out, block_tables)
+
+        runner.execute = noting_decode  # type: ignore[method-assign]
         runner._sample = self._wrap("head + verify", runner._sample)  # type: ignore[method-assign]
         if runner.proposer is not None:
             proposer = runner.proposer
@@ -62,7 +72,7 @@ class StepTimer:
             total = (time.perf_counter() - start) * 1e3
             if on_step is not None:
                 on_step(generated[0])
-            if self._rows <= engine.config.num_speculative_tokens + CLI_DRAFT_NGRAM_TOKENS + 1:
+            if self._decode:
                 self._current["rest"] = total - sum(self._current.values())
                 self.steps.append(self._current)
                 self.tokens += generated[0]
@@ -94,7 +104,6 @@ def _time_forwards(model: torch.nn.Module) -> None:
     def forward(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         timer = StepTimer.active
         assert timer is not None
-        timer._rows = int(input_ids.shape[0])
         return timer._timed("target", original, input_ids, *args, **kwargs)
 
     model.forward = forward
@@ -121,13 +130,12 @@ def main(prompts: str, num_prompts: int, k: int, drafter: str, max_tokens: int,
     tokenizer = load_tokenizer(model_dir)
     workload = build_workload(read_prompts(prompts, "prompt", num_prompts), "prompt", tokenizer,
                               2048, max_tokens, True, False)
-    # the defaults of `eaglebatch bench` at batch 1
-    base = dict(model=str(model_dir), max_num_seqs=1, kv_cache_memory=1 << 28,
-                enable_prefix_caching=False, draft_int8=True, draft_ngram=True,
-                draft_ngram_tokens=CLI_DRAFT_NGRAM_TOKENS, draft_confidence=CLI_DRAFT_CONFIDENCE)
-    plain = Engine(EngineConfig(**base))  # type: ignore[arg-type]
-    drafted = Engine(EngineConfig(**base, drafter=str(drafter_dir),  # type: ignore[arg-type]
-                                  num_speculative_tokens=k), plain.model)
+    # the engines `eaglebatch bench` builds at batch 1, with its defaults
+    base = EngineConfig(kv_cache_memory=1 << 28, draft_int8=True, draft_ngram=True,
+                        draft_ngram_tokens=CLI_DRAFT_NGRAM_TOKENS,
+                        draft_confidence=CLI_DRAFT_CONFIDENCE)
+    plain = Engine(engine_config(model_dir, None, 0, 1, workload, base))
+    drafted = Engine(engine_config(model_dir, drafter_dir, k, 1, workload, base), plain.model)
     requests = workload.requests()
     for engine in (plain, drafted):  # warm-up, untimed
         list(engine.generate(requests[:1]))
