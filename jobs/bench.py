@@ -82,7 +82,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--baseline", default="transformers", show_default=True,
               type=click.Choice(BASELINES), help="transformers `generate` on static batches.")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
-              help="Timed runs of every variant; the report shows medians and the spread.")
+              help="Timed runs of every variant, in rounds (A B C, A B C, ...; at batch size 1 "
+                   "request by request); the report shows medians and the spread.")
 @click.option("--ignore-eos", is_flag=True,
               help="Generate exactly --max-tokens per request (equal work for every variant).")
 @click.option("--dtype", default="auto", show_default=True,

@@ -7,7 +7,6 @@ token and, for the bandwidth floor, the context the next decode step will read.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -95,15 +94,18 @@ class EngineVariant:
         self._check(list(self.engine.generate([GenerationRequest("warm-up", workload.prompts[0],
                                                                  params)])))
 
-    def run(self, workload: Workload) -> RunRecord:
+    def run(self, workload: Workload, record: RunRecord | None = None) -> RunRecord:
+        """Runs the workload's requests; with `record` (paused), as the next part of that run."""
         cuda = self.engine.placement.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+            if record is None:
+                torch.cuda.reset_peak_memory_stats()
         requests = workload.requests()
         pulled = [0]
-        steps = _StepLog()
-        record = RunRecord(self.variant, self.k, self.config.max_num_seqs)
+        record = (RunRecord(self.variant, self.k, self.config.max_num_seqs) if record is None
+                  else record.resume())
+        steps = _StepLog(record)
 
         def feed() -> Iterator[GenerationRequest]:
             for request in requests:
@@ -111,7 +113,7 @@ class EngineVariant:
                 yield request
 
         def on_step(generated: int) -> None:
-            now = time.perf_counter()
+            now = record.clock()
             record.rss.sample()
             scheduler = self.engine.scheduler
             for seq in scheduler.running:
@@ -123,19 +125,20 @@ class EngineVariant:
 
         for completion in self.engine.generate(feed(), on_step=on_step):
             self._check([completion])
-            record.finish(completion.request_id, completion.token_ids, time.perf_counter())
+            record.finish(completion.request_id, completion.token_ids, record.clock())
             record.spec.drafted += completion.num_drafted
             record.spec.accepted += completion.num_accepted
             record.spec.draft_steps += completion.num_draft_steps
             record.spec.add_positions(completion.accepted_per_position)
-        record.end = time.perf_counter()
+        record.pause()
         if cuda:
             record.peak_gpu_bytes = torch.cuda.max_memory_allocated()
-        record.decode_step_s = steps.median_seconds()
-        if self.bandwidth is not None and steps.contexts:
-            floor_bytes = self.weight_bytes + self.kv_bytes_per_token * statistics.median(
-                steps.contexts)
-            record.bandwidth_floor_s = floor_bytes / self.bandwidth
+        if record.decode_steps:
+            record.decode_step_s = statistics.median(record.decode_steps)
+            if self.bandwidth is not None:
+                floor_bytes = self.weight_bytes + self.kv_bytes_per_token * statistics.median(
+                    record.decode_contexts)
+                record.bandwidth_floor_s = floor_bytes / self.bandwidth
         return record
 
     @staticmethod
@@ -156,24 +159,20 @@ def _weight_bytes_read_per_step(model: torch.nn.Module) -> int:
 
 
 class _StepLog:
-    """Durations of decode-only steps (every request admitted and past its prompt at the start
-    of the step) and the context tokens each of them read."""
+    """Adds to `record` the durations of decode-only steps (every request admitted and past its
+    prompt at the start of the step) and the context tokens each of them read."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: RunRecord) -> None:
+        self.record = record
         self.last: float | None = None
         self.next_is_decode = False
         self.next_context = 0
-        self.durations: list[float] = []
-        self.contexts: list[int] = []
 
     def step(self, now: float, decoding: bool, context: int) -> None:
         if self.last is not None and self.next_is_decode:
-            self.durations.append(now - self.last)
-            self.contexts.append(self.next_context)
+            self.record.decode_steps.append(now - self.last)
+            self.record.decode_contexts.append(self.next_context)
         self.last, self.next_is_decode, self.next_context = now, decoding, context
-
-    def median_seconds(self) -> float | None:
-        return statistics.median(self.durations) if self.durations else None
 
 
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 10) -> float:

@@ -7,7 +7,6 @@ including the first EOS, as the engine counts them; the padding generated after 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +30,7 @@ class _FirstToken(BaseStreamer):
         self.calls += 1
         self.record.rss.sample()
         if self.calls == 2:
-            now = time.perf_counter()
+            now = self.record.clock()
             for request_id in self.request_ids:
                 self.record.first_token(request_id, now)
 
@@ -56,23 +55,27 @@ class TransformersBaseline:
         self._generate(workload.prompts[:batch_size], max(workload.max_tokens[:batch_size]),
                        workload.ignore_eos, streamer=None)
 
-    def run(self, workload: Workload, batch_size: int) -> RunRecord:
+    def run(self, workload: Workload, batch_size: int, record: RunRecord | None = None
+            ) -> RunRecord:
+        """Runs the workload's prompts; with `record` (paused), as the next part of that run."""
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        record = RunRecord(TRANSFORMERS, 0, batch_size)
+            if record is None:
+                torch.cuda.reset_peak_memory_stats()
+        record = RunRecord(TRANSFORMERS, 0, batch_size) if record is None else record.resume()
+        ids_of = workload.request_ids()
         for first in range(0, len(workload.prompts), batch_size):
-            ids = [str(i) for i in range(first, min(first + batch_size, len(workload.prompts)))]
+            ids = ids_of[first:first + batch_size]
             prompts = workload.prompts[first:first + batch_size]
             # one max_new_tokens per static batch: the largest; rows are cut to their own below
             limits = workload.max_tokens[first:first + batch_size]
             new = self._generate(prompts, max(limits), workload.ignore_eos,
                                  _FirstToken(record, ids))
-            now = time.perf_counter()
+            now = record.clock()
             for request_id, row, limit in zip(ids, new, limits, strict=True):
                 record.finish(request_id, self._cut(row[:limit], workload.ignore_eos), now)
-        record.end = time.perf_counter()
+        record.pause()
         if cuda:
             record.peak_gpu_bytes = torch.cuda.max_memory_allocated()
         return record

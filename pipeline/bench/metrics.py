@@ -3,6 +3,10 @@
 All requests of a run are submitted at t0 (the engine pulls them as its batch has room; the
 baseline runs them in static batches in order), so a request's latency includes its queueing:
     latency = finish time - t0        time to first token (ttft) = first token time - t0
+
+A run may be taken in parts, in turns with the other variants (at batch size 1 the bench runs
+each variant request by request): its clock stops between parts (RunRecord.pause / resume), so
+the times are those of one run of all its requests in a row.
 """
 
 from __future__ import annotations
@@ -72,12 +76,13 @@ def _rss_bytes() -> int:
 
 @dataclass
 class RunRecord:
-    """Filled in while a run goes on; the clock is time.perf_counter()."""
+    """Filled in while a run goes on; times are on clock(): time.perf_counter() less the time
+    the run was paused (between its parts)."""
 
     variant: str
     k: int
     batch_size: int
-    t0: float = field(default_factory=time.perf_counter)
+    t0: float = field(default_factory=lambda: time.perf_counter())
     end: float = 0.0
     outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
     finished_at: dict[str, float] = field(default_factory=dict)
@@ -87,6 +92,26 @@ class RunRecord:
     peak_gpu_bytes: int | None = None
     decode_step_s: float | None = None
     bandwidth_floor_s: float | None = None
+    # every decode-only step of the run: its seconds and the context tokens it read
+    decode_steps: list[float] = field(default_factory=list)
+    decode_contexts: list[int] = field(default_factory=list)
+    paused_s: float = 0.0  # clock time left out: the gaps between the run's parts
+    paused_at: float | None = None
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.paused_s
+
+    def pause(self) -> None:
+        """The end of a part: the clock stops (until resume) and `end` is now."""
+        self.end = self.clock()
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> RunRecord:
+        """The start of the next part: the clock goes on from where it stopped."""
+        if self.paused_at is not None:
+            self.paused_s += time.perf_counter() - self.paused_at
+            self.paused_at = None
+        return self
 
     def first_token(self, request_id: str, now: float) -> None:
         self.first_token_at.setdefault(request_id, now)

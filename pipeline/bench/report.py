@@ -66,7 +66,8 @@ def _header(meta: dict[str, Any]) -> str:
         f"median {lengths.get('median')}; {meta.get('skipped_prompts', 0)} left out), at most "
         f"{config.get('max_tokens')} new tokens, greedy, {eos}",
         f"- batch sizes {config.get('batch_sizes')}, k {config.get('ks')} (k = 0: no drafter), "
-        f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size",
+        f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size"
+        f"{_turns(meta)}",
         f"- attention backend: {meta.get('attention_backend', 'torch')}; drafts cut below "
         f"drafter confidence {config.get('draft_confidence', 0.0)} (0: always k drafts); drafter "
         f"weights {_drafter_weights(config, meta)}; n-gram lookup "
@@ -92,6 +93,13 @@ def _header(meta: dict[str, Any]) -> str:
                   "the shape of the real architecture: throughput is the architecture's, but "
                   "outputs are noise and the acceptance figures are meaningless."]
     return "\n".join(lines)
+
+
+def _turns(meta: dict[str, Any]) -> str:
+    if meta.get("batch1_turns") == "request":
+        return (" (at batch size 1 request by request, each run's clock stopped while the others"
+                " run)")
+    return ""
 
 
 def _drafter_weights(config: dict[str, Any], meta: dict[str, Any]) -> str:

@@ -4,7 +4,11 @@ report.md and the plots.
 For each batch size the variants (transformers, engine k=0, engine k=1, ...) are built once,
 warmed up (transformers with one untimed static batch of that size), then run in rounds,
 A B C A B C ..., so that drift of a shared machine (another job, clock changes) hits all of them
-alike. The engines of one batch size are freed before the next.
+alike. At batch size 1 a round goes request by request (A B C on the first request, then on the
+second, ...; each run's clock stops while the others run): every request runs alone either way,
+and drift over the seconds of a whole run no longer lands on one variant. On a 2-core CPU whose
+speed swings ~10% between runs, batch-1 ratios of one bench ranged 1.38x-1.75x round by round.
+The engines of one batch size are freed before the next.
 """
 
 from __future__ import annotations
@@ -140,21 +144,32 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
         baseline.warm_up(workload, batch_size)
     records: list[tuple[int, RunRecord]] = []
     for repeat in range(config.repeats):
-        if baseline is not None:
-            records.append((repeat, _timed(baseline.run(workload, batch_size))))
-        for variant in engines:
-            record = _timed(variant.run(workload))
-            records.append((repeat, record))
-            if variant.k == 0 and repeat == 0:
-                for ceiling in ceilings:
-                    ceiling.engine.draft_from_reference(record.outputs)
-        for variant in ceilings:
-            records.append((repeat, _timed(variant.run(workload))))
+        runs: list[RunRecord | None] = [None] * (len(engines) + len(ceilings) + 1)
+        for part in turns(workload, batch_size):
+            if baseline is not None:
+                runs[-1] = baseline.run(part, batch_size, runs[-1])
+            for i, variant in enumerate(engines):
+                runs[i] = record = variant.run(part, runs[i])
+                if variant.k == 0 and repeat == 0:  # the ceilings draft these outputs
+                    for ceiling in ceilings:
+                        ceiling.engine.draft_from_reference(record.outputs)
+            for i, variant in enumerate(ceilings, start=len(engines)):
+                runs[i] = variant.run(part, runs[i])
+        in_order = runs[-1:] + runs[:-1]  # the baseline first, as the rounds ran
+        records += [(repeat, _timed(record)) for record in in_order if record is not None]
     del variants, engines, ceilings
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return records
+
+
+def turns(workload: Workload, batch_size: int) -> list[Workload]:
+    """The parts of the workload that the variants run in turn within a round: one request at a
+    time at batch size 1 (where requests run alone anyway), else the whole workload."""
+    if batch_size != 1:
+        return [workload]
+    return [workload.part(i, i + 1) for i in range(len(workload.prompts))]
 
 
 def _timed(record: RunRecord) -> RunRecord:
@@ -192,6 +207,7 @@ def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: P
         "prompt_tokens": {"min": min(lengths), "median": statistics.median(lengths),
                           "max": max(lengths)},
         "copy_bandwidth_bytes_per_s": bandwidth, "attention_backend": p.backend,
+        "batch1_turns": "request",  # turns(): at batch size 1, rounds go request by request
     }
 
 

@@ -22,11 +22,22 @@ class Workload(NamedTuple):
     max_tokens: list[int]
     ignore_eos: bool
     skipped: int  # prompts that could not be tokenized (empty, too long) and were left out
+    first_id: int = 0  # the request id of prompts[0] (ids count on from it)
+
+    def request_ids(self) -> list[str]:
+        return [str(self.first_id + i) for i in range(len(self.prompts))]
 
     def requests(self) -> list[GenerationRequest]:
-        return [GenerationRequest(str(i), ids, SamplingParams(max_tokens=n,
-                                                              ignore_eos=self.ignore_eos))
-                for i, (ids, n) in enumerate(zip(self.prompts, self.max_tokens, strict=True))]
+        return [GenerationRequest(rid, ids, SamplingParams(max_tokens=n,
+                                                           ignore_eos=self.ignore_eos))
+                for rid, ids, n in zip(self.request_ids(), self.prompts, self.max_tokens,
+                                       strict=True)]
+
+    def part(self, start: int, stop: int) -> Workload:
+        """Prompts start..stop-1, with the request ids they have in the whole workload."""
+        return self._replace(prompts=self.prompts[start:stop],
+                             max_tokens=self.max_tokens[start:stop],
+                             first_id=self.first_id + start)
 
     @property
     def prompt_lengths(self) -> list[int]:

@@ -21,7 +21,7 @@ def ceiling_dir(tiny_model_dir: Path, tiny_drafter_dir: Path, prompts_file: Path
     out = tmp_path_factory.mktemp("bench-ceiling") / "report"
     result = run_bench_cli(
         "--model", str(tiny_model_dir), "--drafter", str(tiny_drafter_dir),
-        "--prompts", str(prompts_file), "--out", str(out), "--batch-sizes", "3", "--k", "0,2",
+        "--prompts", str(prompts_file), "--out", str(out), "--batch-sizes", "1,3", "--k", "0,2",
         "--max-tokens", str(MAX_TOKENS), "--repeats", "2", "--baseline", "none",
         "--ignore-eos", "--ceiling", "--draft-confidence", "0")
     assert result.exit_code == 0, result.output
@@ -34,7 +34,8 @@ def test_perfect_drafts_run_after_k0_in_every_round_and_are_all_accepted(
     assert meta["config"]["ceiling"] is True
     labels = [r["variant"] if r["variant"] == "transformers" else f"{r['variant']} k={r['k']}"
               for r in rows]
-    assert labels == LABELS * 2
+    assert labels == LABELS * 4  # batch 1 (request by request), then batch 3; two rounds each
+    assert [r["batch_size"] for r in rows] == [1] * 6 + [3] * 6
     for r in rows:
         assert r["output_tokens"] == len(BENCH_PROMPTS) * MAX_TOKENS
         assert (r["outputs_equal"], r["outputs_compared"]) == (len(BENCH_PROMPTS),) * 2
@@ -51,7 +52,7 @@ def test_perfect_drafts_run_after_k0_in_every_round_and_are_all_accepted(
 
 def test_report_gives_the_ceiling_and_plots_it(ceiling_dir: Path, tmp_path: Path) -> None:
     report = (ceiling_dir / "report.md").read_text()
-    assert "**PASS**: all 6 engine runs produced exactly the same tokens" in report
+    assert "**PASS**: all 12 engine runs produced exactly the same tokens" in report
     assert "| 3 | perfect drafts k=2 | " in report
     assert "Ceiling: perfect drafts over k=0" in report
     assert "perfect drafts (`--ceiling`)" in report
@@ -60,7 +61,8 @@ def test_report_gives_the_ceiling_and_plots_it(ceiling_dir: Path, tmp_path: Path
     drafted = sum(r["drafted"] for r in rows if r["variant"] == "engine")
     assert f"| 2 | {drafted:,} | " in report
     speedup = plot_speedup(summarize(rows), tmp_path / "s.png")
-    assert speedup is not None and sorted(speedup) == ["batch 3", "batch 3, perfect drafts"]
+    assert speedup is not None and sorted(speedup) == ["batch 1", "batch 1, perfect drafts",
+                                                       "batch 3", "batch 3, perfect drafts"]
     assert [x for x, _ in speedup["batch 3, perfect drafts"]] == [0.0, 2.0]
     assert speedup["batch 3, perfect drafts"][0] == (0.0, 1.0)
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 from matplotlib.image import imread
 
 from pipeline.bench.aggregate import acceptance_by_k, summarize
-from pipeline.bench.metrics import BENCH_SCHEMA
+from pipeline.bench.engine_run import EngineVariant, engine_config
+from pipeline.bench.metrics import BENCH_SCHEMA, Agreement, bench_row
 from pipeline.bench.plots import plot_acceptance, plot_speedup, plot_throughput
-from pipeline.bench.runner import read_bench_parquet
+from pipeline.bench.runner import read_bench_parquet, turns
+from pipeline.bench.workload import Workload
+from runtime.config import EngineConfig
 from tests.pipeline.bench.conftest import (
     BATCH_SIZES,
     BENCH_PROMPTS,
@@ -175,3 +179,28 @@ def test_unusable_drafters_and_out_paths_are_user_errors(
     code, stderr = bench("--k", "0", "--out", str(a_file))
     assert (code, stderr) == (2, f"error: --out {a_file}: cannot make it a directory (File "
                                  "exists)\n")
+
+
+def test_a_run_in_parts_counts_only_its_own_time(tiny_model_dir: Path,
+                                                 one_thread_module: None) -> None:
+    """At batch size 1 the bench runs every variant request by request in turn; a run's parts
+    add up to the run, and the time between them (the other variants) is left out."""
+    workload = Workload([(5, 6, 7), (8, 9), (10, 11, 12, 13)], [5, 4, 6], True, 0)
+    base = EngineConfig(kv_cache_memory=16 << 20)
+    variant = EngineVariant(engine_config(tiny_model_dir, None, 0, 1, workload, base), 0, None)
+    whole = variant.run(workload)
+    record = None
+    start = time.perf_counter()
+    for part in turns(workload, 1):
+        record = variant.run(part, record)
+        time.sleep(0.5)  # another variant's turn
+    elapsed = time.perf_counter() - start
+    assert record is not None
+    assert record.outputs == whole.outputs and list(record.outputs) == ["0", "1", "2"]
+    assert [len(ids) for ids in record.outputs.values()] == [5, 4, 6]
+    row = bench_row(record, 0, 0, Agreement(whole.outputs, record.outputs))
+    assert row["outputs_equal"] == 3 and row["requests"] == 3
+    assert 0 < row["wall_seconds"] <= elapsed - 1.5  # the 1.5 s asleep are left out
+    finished = sorted(record.finished_at.values())
+    assert finished[-1] <= record.end and record.t0 < finished[0]
+    assert len(record.decode_steps) == len(record.decode_contexts) > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from typing import Any
 
 import pytest
@@ -20,7 +21,8 @@ from pipeline.bench.aggregate import (
 from pipeline.bench.config import BenchConfig, parse_int_list
 from pipeline.bench.metrics import Agreement, RunRecord, bench_row, percentile
 from pipeline.bench.report import equality_section, exact_arithmetic, ratio_cell
-from pipeline.bench.runner import cpu_description
+from pipeline.bench.runner import cpu_description, turns
+from pipeline.bench.workload import Workload
 from pipeline.config import JobError
 
 
@@ -57,6 +59,40 @@ def test_bench_row_from_a_record() -> None:
     assert row["acceptance_rate"] == 0.5 and row["mean_acceptance_length"] == 2.0
     assert row["per_position_acceptance"] == [2 / 3, 1 / 3]
     assert (row["order"], row["repeat"], row["outputs_equal"]) == (7, 1, 2)
+
+
+def test_a_paused_run_leaves_the_pause_out_of_its_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    record = RunRecord("engine", 0, 1)  # t0 = 100
+    now[0] = 102.0
+    record.finish("0", (1, 2), record.clock())
+    record.pause()  # another variant runs its part for 30 s
+    now[0] = 132.0
+    assert record.resume() is record
+    now[0] = 133.0
+    record.first_token("1", record.clock())
+    now[0] = 135.0
+    record.finish("1", (3, 4, 5, 6), record.clock())
+    record.pause()
+    now[0] = 200.0  # paused clocks do not run: the end stays where the last part ended
+    row = bench_row(record, 0, 0, Agreement(record.outputs, record.outputs))
+    assert record.end == 105.0 and row["wall_seconds"] == 5.0
+    assert row["output_tokens_per_s"] == 6 / 5
+    assert (row["latency_mean_s"], row["latency_p99_s"]) == (3.5, pytest.approx(4.97))
+    assert row["ttft_mean_s"] == 2.5  # request 0 finished in its first step: ttft 2, then 3
+
+
+def test_turns_go_request_by_request_at_batch_1_only() -> None:
+    workload = Workload([(1, 2), (3,), (4, 5, 6)], [8, 7, 6], False, 1)
+    parts = turns(workload, 1)
+    assert [p.request_ids() for p in parts] == [["0"], ["1"], ["2"]]
+    assert [(p.prompts, p.max_tokens) for p in parts] == [([(1, 2)], [8]), ([(3,)], [7]),
+                                                          ([(4, 5, 6)], [6])]
+    assert [r.request_id for r in parts[2].requests()] == ["2"]
+    assert parts[2].requests()[0].params.max_tokens == 6
+    assert turns(workload, 3) == [workload] and turns(workload, 64) == [workload]
+    assert workload.part(1, 3).part(1, 2).request_ids() == ["2"]
 
 
 def _row(batch: int, variant: str, k: int, tps: float, **extra: Any) -> dict[str, Any]:
