@@ -295,10 +295,13 @@ _DEFINITIONS = """## Definitions
 - ratios: of the medians; in brackets, the lowest and highest ratio of two runs in the same
   round (a round runs every variant of a batch size once, back to back, so a drift of the
   machine's speed cancels within it but not between the medians) and, from three rounds on,
-  the median of the rounds' ratios (the figure least moved by such drift).
-- latency: a request's finish time - the run's start (all requests are submitted at the start);
-  TTFT: its first generated token's time - the run's start. transformers' requests finish with
-  their static batch.
+  the median of the rounds' ratios (the figure least moved by such drift). Where the header
+  says so, a round at batch size 1 takes the requests one at a time, each through every variant
+  in turn, and a run's clock stops while the others have their turn: drift cancels over
+  seconds, not only over whole runs.
+- latency: a request's finish time - the run's start (all requests are submitted at the start;
+  with turns at batch size 1, on the run's own clock); TTFT: its first generated token's time - the run's
+  start. transformers' requests finish with their static batch.
 - perfect drafts k=K (`--ceiling`): the engine with the drafter at k = K, whose drafts are
   replaced by the k = 0 run's next tokens (all accepted); not in the acceptance table.
 - acceptance: accepted / drafted; accept len: 1 + accepted / draft steps (tokens per
