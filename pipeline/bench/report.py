@@ -300,8 +300,8 @@ _DEFINITIONS = """## Definitions
   in turn, and a run's clock stops while the others have their turn: drift cancels over
   seconds, not only over whole runs.
 - latency: a request's finish time - the run's start (all requests are submitted at the start;
-  with turns at batch size 1, on the run's own clock); TTFT: its first generated token's time - the run's
-  start. transformers' requests finish with their static batch.
+  with turns at batch size 1, on the run's own clock); TTFT: its first generated token's time -
+  the run's start. transformers' requests finish with their static batch.
 - perfect drafts k=K (`--ceiling`): the engine with the drafter at k = K, whose drafts are
   replaced by the k = 0 run's next tokens (all accepted); not in the acceptance table.
 - acceptance: accepted / drafted; accept len: 1 + accepted / draft steps (tokens per
