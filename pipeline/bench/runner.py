@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from tqdm import tqdm
 
 from pipeline.atomic import write_bytes_atomically
 from pipeline.bench.config import BenchConfig
@@ -143,6 +144,9 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
     if baseline is not None:
         baseline.warm_up(workload, batch_size)
     records: list[tuple[int, RunRecord]] = []
+    runs_per_round = len(variants) + (baseline is not None)
+    bar = tqdm(total=config.repeats * runs_per_round * len(workload.prompts), unit="request",
+               desc=f"batch {batch_size}", file=sys.stderr, dynamic_ncols=True, leave=False)
     for repeat in range(config.repeats):
         runs: list[RunRecord | None] = [None] * (len(engines) + len(ceilings) + 1)
         for part in turns(workload, batch_size):
@@ -155,8 +159,10 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                         ceiling.engine.draft_from_reference(record.outputs)
             for i, variant in enumerate(ceilings, start=len(engines)):
                 runs[i] = variant.run(part, runs[i])
+            bar.update(runs_per_round * len(part.prompts))
         in_order = runs[-1:] + runs[:-1]  # the baseline first, as the rounds ran
         records += [(repeat, _timed(record)) for record in in_order if record is not None]
+    bar.close()
     del variants, engines, ceilings
     gc.collect()
     if torch.cuda.is_available():
@@ -248,4 +254,4 @@ def _remove_stale_scratch(out: Path) -> None:
 
 
 def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    tqdm.write(line, file=sys.stderr)  # above a progress bar, if one is drawn
