@@ -96,11 +96,8 @@ class EngineVariant:
 
     def run(self, workload: Workload, record: RunRecord | None = None) -> RunRecord:
         """Runs the workload's requests; with `record` (paused), as the next part of that run."""
-        cuda = self.engine.placement.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize()
-            if record is None:
-                torch.cuda.reset_peak_memory_stats()
+        device = self.engine.placement.device
+        gpu_part_begins(device)
         requests = workload.requests()
         pulled = [0]
         record = (RunRecord(self.variant, self.k, self.config.max_num_seqs) if record is None
@@ -130,9 +127,7 @@ class EngineVariant:
             record.spec.accepted += completion.num_accepted
             record.spec.draft_steps += completion.num_draft_steps
             record.spec.add_positions(completion.accepted_per_position)
-        record.pause()
-        if cuda:
-            record.peak_gpu_bytes = torch.cuda.max_memory_allocated()
+        gpu_part_ends(device, record)
         if record.decode_steps:
             record.decode_step_s = statistics.median(record.decode_steps)
             if self.bandwidth is not None:
@@ -146,6 +141,25 @@ class EngineVariant:
         for c in completions:
             if c.finish_reason == "error":
                 raise JobError(f"the engine refused a benchmark request: {c.error}")
+
+
+def gpu_part_begins(device: torch.device) -> None:
+    """Before a run or a part of one: on CUDA, the GPU idle and its peak memory reset (the
+    other variants' turns in between must not count)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def gpu_part_ends(device: torch.device, record: RunRecord) -> None:
+    """After a run or a part of one: the GPU idle, the run's clock paused, and on CUDA its peak
+    memory the highest of its parts'."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    record.pause()
+    if device.type == "cuda":
+        record.peak_gpu_bytes = max(record.peak_gpu_bytes or 0,
+                                    torch.cuda.max_memory_allocated(device))
 
 
 def _weight_bytes_read_per_step(model: torch.nn.Module) -> int:

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
+from pipeline.bench.engine_run import gpu_part_begins, gpu_part_ends
 from pipeline.bench.metrics import TRANSFORMERS, RunRecord
 from pipeline.bench.workload import Workload
 
@@ -58,11 +59,7 @@ class TransformersBaseline:
     def run(self, workload: Workload, batch_size: int, record: RunRecord | None = None
             ) -> RunRecord:
         """Runs the workload's prompts; with `record` (paused), as the next part of that run."""
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize()
-            if record is None:
-                torch.cuda.reset_peak_memory_stats()
+        gpu_part_begins(self.device)
         record = RunRecord(TRANSFORMERS, 0, batch_size) if record is None else record.resume()
         ids_of = workload.request_ids()
         for first in range(0, len(workload.prompts), batch_size):
@@ -75,9 +72,7 @@ class TransformersBaseline:
             now = record.clock()
             for request_id, row, limit in zip(ids, new, limits, strict=True):
                 record.finish(request_id, self._cut(row[:limit], workload.ignore_eos), now)
-        record.pause()
-        if cuda:
-            record.peak_gpu_bytes = torch.cuda.max_memory_allocated()
+        gpu_part_ends(self.device, record)
         return record
 
     def _generate(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int,

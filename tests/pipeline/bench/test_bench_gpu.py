@@ -17,7 +17,7 @@ def test_cuda_bench_reports_gpu_memory_and_the_bandwidth_floor(
     result = run_bench_cli(
         "--model", str(tiny_model_dir), "--drafter", str(tiny_drafter_dir), "--prompts",
         str(prompts_file), "--out", str(tmp_path), "--device", "cuda", "--dtype", "bfloat16",
-        "--batch-sizes", "2", "--k", "0,2", "--max-tokens", "16", "--repeats", "1")
+        "--batch-sizes", "1,2", "--k", "0,2", "--max-tokens", "16", "--repeats", "1")
     assert result.exit_code == 0, result.output
     rows, meta = read_bench_parquet(tmp_path / "bench.parquet")
     assert meta["copy_bandwidth_bytes_per_s"] > 1e10 and meta["dtype"] == "bfloat16"
