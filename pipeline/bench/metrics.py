@@ -96,21 +96,17 @@ class RunRecord:
     decode_steps: list[float] = field(default_factory=list)
     decode_contexts: list[int] = field(default_factory=list)
     paused_s: float = 0.0  # clock time left out: the gaps between the run's parts
-    paused_at: float | None = None
 
     def clock(self) -> float:
         return time.perf_counter() - self.paused_s
 
     def pause(self) -> None:
-        """The end of a part: the clock stops (until resume) and `end` is now."""
+        """The end of a part: the clock stops at `end` (until resume)."""
         self.end = self.clock()
-        self.paused_at = time.perf_counter()
 
     def resume(self) -> RunRecord:
-        """The start of the next part: the clock goes on from where it stopped."""
-        if self.paused_at is not None:
-            self.paused_s += time.perf_counter() - self.paused_at
-            self.paused_at = None
+        """The start of the next part of a paused run: the clock goes on from `end`."""
+        self.paused_s = time.perf_counter() - self.end
         return self
 
     def first_token(self, request_id: str, now: float) -> None:

@@ -153,8 +153,10 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
             if baseline is not None:
                 runs[-1] = baseline.run(part, batch_size, runs[-1])
             for i, variant in enumerate(engines):
+                first_part = runs[i] is None
                 runs[i] = record = variant.run(part, runs[i])
-                if variant.k == 0 and repeat == 0:  # the ceilings draft these outputs
+                if variant.k == 0 and repeat == 0 and first_part:
+                    # the ceilings draft these outputs (the later parts add theirs in place)
                     for ceiling in ceilings:
                         ceiling.engine.draft_from_reference(record.outputs)
             for i, variant in enumerate(ceilings, start=len(engines)):
