@@ -84,7 +84,8 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
     Then every submodule with a `fuse_for_cpu` method (attention's q/k/v, the MLP's gate/up)
     gets to join its products on one input into one call (FusedPanels), and every one with a
     `plan_for_cpu` method (a decoder layer) gets its kernels as one flat call
-    (runtime.cpu_layer)."""
+    (runtime.cpu_layer), and every one with a `stack_for_cpu` method (a model, a drafter) its
+    planned layers as one C++ call."""
     transpose_linear_weights(module)
     embedded = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     for parent in list(module.modules()):
@@ -111,6 +112,10 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
         plan = getattr(sub, "plan_for_cpu", None)
         if callable(plan):
             plan()
+    for sub in list(module.modules()):
+        stack = getattr(sub, "stack_for_cpu", None)
+        if callable(stack):
+            stack()
 
 
 def _call_glibc(name: str, *args: int) -> None:

@@ -18,11 +18,13 @@ the plans to the modules' bits on every supported architecture).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from runtime.attention.cpu_backend import CpuAttentionBackend
 from runtime.cpu_gemm import Q4_ROWS, FusedPanels, PrepackedLinear, runs_on_panels
 from runtime.cpu_kernels import load_cpu_kernels
 
@@ -128,3 +130,87 @@ class CpuLayerPlan:
         h = residual + linear(out.view(n, -1), *o_proj)
         gate, up = parts(ops.rms_norm(h, *self.post_norm), *gate_up)
         return h + linear(F.silu(gate, inplace=True).mul_(up), *down_proj)
+
+
+class CpuLayerStack:
+    """Decoder layers that all have plans, run over a step in one C++ call
+    (runtime/csrc/layer_stack.cpp: the plans' kernels in the plans' order, the same bits).
+
+    A plan still costs Python between its ~12 kernels: at one row that is tens of microseconds a
+    layer, paid by 30 layers per target step and 2 per draft step. The stack applies where every
+    plan would run its float32 panels and the cpu attention backend would send every row of the
+    step to its short-query kernel (decode, draft verification, draft steps); elsewhere (prefill
+    chunks, 4-bit panels at a few rows, another backend, a bfloat16 cache) `run` returns None and
+    the caller runs the layers one by one."""
+
+    def __init__(self, layers: list[DecoderLayer], plans: list[CpuLayerPlan]) -> None:
+        self.names = [layer.self_attn.layer_name for layer in layers]
+        backends = [plan.backend for plan in plans]
+        assert all(isinstance(b, CpuAttentionBackend) for b in backends)
+        self.backend: CpuAttentionBackend = backends[0]  # type: ignore[assignment]
+        self.q4 = any(plan.q4 is not None for plan in plans)
+        self._stack: Any = torch.classes.eaglebatch.LayerStack()
+        for plan in plans:
+            norm = plan.input_norm
+            qk = plan.qk_norm
+            backend: CpuAttentionBackend = plan.backend  # type: ignore[assignment]
+            tensors: list[Any] = [None if norm is None else norm[0], None if qk is None else qk[0],
+                                  None if qk is None else qk[1], plan.post_norm[0]]
+            ints = [plan.heads, plan.kv_heads, plan.head_dim, backend.sliding_window or 0]
+            for panels, bias, widths, scales in (plan.qkv, plan.o_proj, plan.gate_up,
+                                                 plan.down_proj):
+                tensors += [panels, bias, scales]
+                widths = [widths] if isinstance(widths, int) else list(widths)
+                ints += [len(widths), *widths]
+            floats = [1e-6 if norm is None else norm[1], 1e-6 if qk is None else qk[2],
+                      plan.post_norm[1], backend.scale]
+            self._stack.add_layer(tensors, ints, floats)
+        # the mapping last seen (held, so it is never another one at the same address) and
+        # its caches of these layers
+        self._caches: tuple[Mapping[str, torch.Tensor], list[torch.Tensor]] | None = None
+
+    @staticmethod
+    def build(layers: list[DecoderLayer]) -> CpuLayerStack | None:
+        """The stack of `layers`, or None where one has no plan, one's attention backend is not
+        the cpu one, or the kernels lack the stack."""
+        plans = [layer.cpu_plan for layer in layers]
+        if not layers or any(plan is None for plan in plans):
+            return None
+        if not all(type(plan.backend) is CpuAttentionBackend for plan in plans):  # type: ignore[union-attr]
+            return None
+        try:
+            return CpuLayerStack(layers, plans)  # type: ignore[arg-type]
+        except (RuntimeError, AttributeError):  # kernels built without layer_stack.cpp
+            return None
+
+    def run(self, x: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor,
+            rope: RotaryEmbedding, kv_caches: Mapping[str, torch.Tensor],
+            attn_metadata: Mapping[str, AttentionMetadata], aux_ids: tuple[int, ...] = ()
+            ) -> list[torch.Tensor] | None:
+        """[last residual stream, the streams entering the layers in aux_ids] of the layers
+        over this step, or None where the stack does not apply (see the class docstring)."""
+        md = attn_metadata[self.names[0]]
+        if ((self.q4 and x.shape[0] <= Q4_ROWS) or not CpuLayerPlan.applies(x, positions, rope)
+                or not residual.is_contiguous() or residual.dtype != torch.float32):
+            return None
+        caches = self._caches_of(kv_caches)
+        if caches is None or any(attn_metadata[name] is not md for name in self.names):
+            return None
+        short, batches = self.backend._cpu_plan(md, caches[0].shape[2], x.device)
+        if short is None or batches:
+            return None
+        return self._stack.forward(x, residual, positions, rope.cos, rope.sin, caches,
+                                   md.slot_mapping, short.rows, short.query_starts,
+                                   short.query_lens, short.seq_lens, md.block_table,
+                                   list(aux_ids))
+
+    def _caches_of(self, kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor] | None:
+        """The layers' caches in order, if all are contiguous float32 (the kernel's layout; else
+        the backend takes its torch path); remembered for the mapping last seen."""
+        if self._caches is not None and self._caches[0] is kv_caches:
+            return self._caches[1]
+        caches = [kv_caches[name] for name in self.names]
+        if not all(c.dtype == torch.float32 and c.is_contiguous() for c in caches):
+            return None
+        self._caches = (kv_caches, caches)
+        return caches

@@ -18,7 +18,7 @@ from transformers import PretrainedConfig
 from runtime.attention import AttentionBackend, AttentionMetadata, make_backend
 from runtime.cpu_gemm import FusedPanels, fuse_panels
 from runtime.cpu_kernels import kernels_apply
-from runtime.cpu_layer import CpuLayerPlan
+from runtime.cpu_layer import CpuLayerPlan, CpuLayerStack
 from runtime.rope import RotaryEmbedding
 
 # The Hugging Face model types CausalLM implements (checkpoint directories and GGUF files alike).
@@ -206,11 +206,17 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
         self.q4_panels = False  # built with EngineConfig.q4_panels (runtime.setup.build_model)
+        self.cpu_stack: CpuLayerStack | None = None  # set by stack_for_cpu
 
     @property
     def layer_names(self) -> list[str]:
         return [layer.self_attn.layer_name  # type: ignore[union-attr,misc]
                 for layer in self.model.layers]
+
+    def stack_for_cpu(self) -> None:
+        """The planned layers as one C++ call (runtime.cpu_layer.CpuLayerStack;
+        lay_out_for_cpu calls this after the plans)."""
+        self.cpu_stack = CpuLayerStack.build(list(self.model.layers))  # type: ignore[arg-type]
 
     def forward(
         self,
@@ -221,6 +227,11 @@ class CausalLM(nn.Module):
         aux_layer_ids: tuple[int, ...] = (),
     ) -> ModelOutput:
         h = self.model.embed_tokens(input_ids)
+        if self.cpu_stack is not None:
+            out = self.cpu_stack.run(h, h, positions, self.rope, kv_caches, attn_metadata,
+                                     aux_layer_ids)
+            if out is not None:
+                return ModelOutput(self.model.norm(out[0]), out[1:])
         entering: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in aux_layer_ids:

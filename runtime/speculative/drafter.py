@@ -21,6 +21,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.attention import AttentionMetadata
+from runtime.cpu_layer import CpuLayerStack
 from runtime.model import CausalLM, DecoderLayer, RMSNorm
 from runtime.rope import RotaryEmbedding
 
@@ -60,6 +61,12 @@ class EagleDrafter(nn.Module):
             self.d2t: torch.Tensor  # [draft_vocab] int64: target_id = draft_id + d2t[draft_id]
             self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
         self.rope: RotaryEmbedding | None = None
+        self.cpu_stack: CpuLayerStack | None = None  # set by stack_for_cpu
+
+    def stack_for_cpu(self) -> None:
+        """The planned layers as one C++ call (runtime.cpu_layer.CpuLayerStack;
+        lay_out_for_cpu calls this after the plans)."""
+        self.cpu_stack = CpuLayerStack.build(list(self.layers))  # type: ignore[arg-type]
 
     @property
     def layer_names(self) -> list[str]:
@@ -77,6 +84,10 @@ class EagleDrafter(nn.Module):
         step, the drafter's own previous output ([n, H]) in later ones."""
         assert self.rope is not None, "bind the rope table before running the drafter"
         x, residual = self.layer_inputs(input_ids, features)
+        if self.cpu_stack is not None:
+            out = self.cpu_stack.run(x, residual, positions, self.rope, kv_caches, attn_metadata)
+            if out is not None:
+                return out[0]
         for layer in self.layers:
             residual = layer(x, residual, positions, self.rope, kv_caches, attn_metadata)
             x = residual

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from runtime.attention import build_attention_metadata
 from runtime.config import EngineConfig
 from runtime.cpu_kernels import load_cpu_kernels
-from runtime.cpu_layer import CpuLayerPlan
+from runtime.cpu_layer import CpuLayerPlan, CpuLayerStack
 from runtime.kv.cache import compute_slot_mapping
 from runtime.loader import load_model_config, load_state_dict
 from runtime.model import CausalLM, head_dim_of
@@ -243,9 +243,10 @@ def test_decode_logits_do_not_depend_on_batch_or_verification(pair: Pair) -> Non
 def test_cpu_layer_plans_give_the_modules_bits(case: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With widths in whole panels (q/k/v and gate/up fused) every layer gets a CpuLayerPlan
-    (runtime.cpu_layer) on the engine's CPU layout; prefill, decode and a verification next to
-    other requests give the same bits with the plans as through the modules, and stay close to
-    transformers."""
+    (runtime.cpu_layer) on the engine's CPU layout, and the model a CpuLayerStack of them;
+    prefill, decode and a verification next to other requests give the same bits with the
+    stack (steps of short queries only), with the plans layer by layer, and through the
+    modules, and stay close to transformers."""
     assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
     options = dict(CASES[case])
     window = options.pop("sliding_window", None)
@@ -259,15 +260,22 @@ def test_cpu_layer_plans_give_the_modules_bits(case: str, tmp_path: Path,
     layers = list(model.model.layers)
     plans = [layer.cpu_plan for layer in layers]
     assert all(plan is not None for plan in plans)
+    assert model.cpu_stack is not None
     seq, other, third = _tokens(10, 23), _tokens(11, 21), _tokens(12, 7)
-    calls = [0]
-    plan_call = CpuLayerPlan.__call__
+    calls = {"plan": 0, "stack": 0}
+    plan_call, stack_run = CpuLayerPlan.__call__, CpuLayerStack.run
 
     def counted(self: CpuLayerPlan, *args: Any) -> torch.Tensor:
-        calls[0] += 1
+        calls["plan"] += 1
         return plan_call(self, *args)
 
+    def counted_stack(self: CpuLayerStack, *args: Any) -> list[torch.Tensor] | None:
+        out = stack_run(self, *args)
+        calls["stack"] += out is not None
+        return out
+
     monkeypatch.setattr(CpuLayerPlan, "__call__", counted)
+    monkeypatch.setattr(CpuLayerStack, "run", counted_stack)
 
     def run() -> torch.Tensor:
         cache = PagedCache(model)
@@ -276,11 +284,18 @@ def test_cpu_layer_plans_give_the_modules_bits(case: str, tmp_path: Path,
         verify = cache.forward(Feed(third, 0, 7, TABLE_C), Feed(seq, 18, 4, TABLE_A))
         return torch.cat([prefill, decode, verify])
 
+    stacked = run()
+    # the prefill (rows of 18 and 20 queries) ran layer by layer; decode and verification
+    # (at most 7 queries a row) each in one call of the stack
+    assert calls == {"plan": len(layers), "stack": 2}
+    stack, model.cpu_stack = model.cpu_stack, None
     planned = run()
-    assert calls[0] == 3 * len(layers)  # every layer of every pass ran its plan
+    assert calls == {"plan": 4 * len(layers), "stack": 2}
     for layer in layers:
         layer.cpu_plan = None
     modules = run()
-    assert calls[0] == 3 * len(layers)
+    assert calls == {"plan": 4 * len(layers), "stack": 2}
+    assert torch.equal(stacked, planned)
     assert torch.equal(planned, modules)
+    model.cpu_stack = stack
     _assert_close(planned[:18], _reference_logits(reference, seq[:18]))
