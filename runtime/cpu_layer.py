@@ -137,18 +137,17 @@ class CpuLayerStack:
     (runtime/csrc/layer_stack.cpp: the plans' kernels in the plans' order, the same bits).
 
     A plan still costs Python between its ~12 kernels: at one row that is tens of microseconds a
-    layer, paid by 30 layers per target step and 2 per draft step. The stack applies where every
-    plan would run its float32 panels and the cpu attention backend would send every row of the
-    step to its short-query kernel (decode, draft verification, draft steps); elsewhere (prefill
-    chunks, 4-bit panels at a few rows, another backend, a bfloat16 cache) `run` returns None and
-    the caller runs the layers one by one."""
+    layer, paid by 30 layers per target step and 2 per draft step. The stack applies where the
+    cpu attention backend would send every row of the step to its short-query kernel (decode,
+    draft verification, draft steps); elsewhere (prefill chunks, another backend, a bfloat16
+    cache) `run` returns None and the caller runs the layers one by one. Each layer takes the
+    products its plan would (4-bit panels at up to Q4_ROWS rows where it has them)."""
 
     def __init__(self, layers: list[DecoderLayer], plans: list[CpuLayerPlan]) -> None:
         self.names = [layer.self_attn.layer_name for layer in layers]
         backends = [plan.backend for plan in plans]
         assert all(isinstance(b, CpuAttentionBackend) for b in backends)
         self.backend: CpuAttentionBackend = backends[0]  # type: ignore[assignment]
-        self.q4 = any(plan.q4 is not None for plan in plans)
         self._stack: Any = torch.classes.eaglebatch.LayerStack()
         for plan in plans:
             norm = plan.input_norm
@@ -157,11 +156,13 @@ class CpuLayerStack:
             tensors: list[Any] = [None if norm is None else norm[0], None if qk is None else qk[0],
                                   None if qk is None else qk[1], plan.post_norm[0]]
             ints = [plan.heads, plan.kv_heads, plan.head_dim, backend.sliding_window or 0]
-            for panels, bias, widths, scales in (plan.qkv, plan.o_proj, plan.gate_up,
-                                                 plan.down_proj):
-                tensors += [panels, bias, scales]
-                widths = [widths] if isinstance(widths, int) else list(widths)
-                ints += [len(widths), *widths]
+            q4s: tuple[Any, ...] = plan.q4 or (None,) * 4
+            products: tuple[tuple[Any, ...], ...] = (plan.qkv, plan.o_proj, plan.gate_up,
+                                                     plan.down_proj)
+            for (panels, bias, widths, scales), q4 in zip(products, q4s, strict=True):
+                tensors += [panels, bias, scales, *((None, None) if q4 is None else q4[:2])]
+                outs: list[int] = [widths] if isinstance(widths, int) else list(widths)
+                ints += [len(outs), *outs]
             floats = [1e-6 if norm is None else norm[1], 1e-6 if qk is None else qk[2],
                       plan.post_norm[1], backend.scale]
             self._stack.add_layer(tensors, ints, floats)
@@ -190,8 +191,8 @@ class CpuLayerStack:
         """[last residual stream, the streams entering the layers in aux_ids] of the layers
         over this step, or None where the stack does not apply (see the class docstring)."""
         md = attn_metadata[self.names[0]]
-        if ((self.q4 and x.shape[0] <= Q4_ROWS) or not CpuLayerPlan.applies(x, positions, rope)
-                or not residual.is_contiguous() or residual.dtype != torch.float32):
+        if (not CpuLayerPlan.applies(x, positions, rope) or not residual.is_contiguous()
+                or residual.dtype != torch.float32):
             return None
         caches = self._caches_of(kv_caches)
         if caches is None or any(attn_metadata[name] is not md for name in self.names):
@@ -202,7 +203,7 @@ class CpuLayerStack:
         return self._stack.forward(x, residual, positions, rope.cos, rope.sin, caches,
                                    md.slot_mapping, short.rows, short.query_starts,
                                    short.query_lens, short.seq_lens, md.block_table,
-                                   list(aux_ids))
+                                   list(aux_ids), Q4_ROWS)
 
     def _caches_of(self, kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor] | None:
         """The layers' caches in order, if all are contiguous float32 (the kernel's layout; else
