@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from runtime.config import EngineConfig, SamplingParams
+from runtime.cpu_kernels import load_cpu_kernels
 from runtime.engine import Engine
 from runtime.kv.groups import KVCacheGroupError
 from runtime.request import Completion, GenerationRequest
@@ -156,3 +158,55 @@ def test_engine_is_reusable_after_the_caller_stops_early(
     assert engine.kv.num_free_blocks == engine.kv_cache_config.num_blocks - 1
     again = {c.request_id: c.token_ids for c in engine.generate(requests)}
     assert again == {k: c.token_ids for k, c in baseline.items()}
+
+
+def _counting(run_stack: Callable[..., list[torch.Tensor] | None], runs: list[int]
+              ) -> Callable[..., list[torch.Tensor] | None]:
+    """run_stack, counting in runs[0] the calls it did not decline."""
+    def counted(*args: object, **kw: object) -> list[torch.Tensor] | None:
+        out = run_stack(*args, **kw)
+        runs[0] += out is not None
+        return out
+    return counted
+
+
+@pytest.mark.parametrize("style", ["eagle1", "eagle3"])
+def test_drafter_layer_stack_gives_its_layers_bits(
+        style: str, prompts: list[list[int]], tmp_path: Path) -> None:
+    """On widths in whole panels the drafter's layers run as one C++ call
+    (runtime.cpu_layer.CpuLayerStack), EAGLE-1's first layer without its input norm and
+    EAGLE-3's on 2H inputs included: every draft step's hidden states are the bits of its
+    layers run one by one, and the tokens are the target's."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    model = make_tiny_checkpoint(tmp_path / "model", hidden_size=128, num_heads=4,
+                                 num_kv_heads=2, intermediate_size=128)
+    drafter = make_random_drafter(model, tmp_path / "drafter", num_layers=2, style=style,
+                                  aux_layer_ids=(0, 1, 1) if style == "eagle3" else None)
+    hidden: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    tokens = {}
+    for stacked in (True, False):
+        engine = Engine(EngineConfig(model=str(model), block_size=4, kv_cache_memory=1 << 20,
+                                     drafter=str(drafter), num_speculative_tokens=3,
+                                     dtype="float32"))
+        assert engine.proposer is not None
+        draft_model = engine.proposer.drafter
+        stack = draft_model.cpu_stack
+        assert stack is not None
+        if not stacked:
+            draft_model.cpu_stack = None
+        runs = [0]
+        stack.run = _counting(stack.run, runs)  # type: ignore[method-assign]
+        draft_model.register_forward_hook(
+            lambda module, args, out, seen=hidden[stacked]: seen.append(out.clone()))
+        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+        done = engine.generate(GenerationRequest(str(i), tuple(p), params)
+                               for i, p in enumerate(prompts))
+        tokens[stacked] = {c.request_id: c.token_ids for c in done}
+        if stacked:  # all but the steps with a prompt of over 16 rows (20 and 22) ran in it
+            assert 2 * len(prompts) < runs[0] < len(hidden[True])
+        else:
+            assert runs[0] == 0
+    assert len(hidden[True]) == len(hidden[False]) > 2 * len(prompts)
+    assert all(torch.equal(a, b) for a, b in zip(hidden[True], hidden[False], strict=True))
+    baseline = run(model, prompts, kv_cache_memory=1 << 20, dtype="float32")[1]
+    assert tokens[True] == tokens[False] == {k: c.token_ids for k, c in baseline.items()}
