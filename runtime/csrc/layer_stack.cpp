@@ -236,6 +236,9 @@ struct LayerStack : torch::CustomClassHolder {
                                   at::Tensor seq_lens, at::Tensor block_table,
                                   std::vector<int64_t> aux_ids, int64_t q4_rows) {
     TORCH_CHECK(caches.size() == layers.size(), "LayerStack.forward: one cache per layer");
+    for (const int64_t id : aux_ids)
+      TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(layers.size()),
+                  "LayerStack.forward: aux layer ", id, " outside the stack");
     const StepRows s{slot_mapping, rows, query_starts, query_lens, seq_lens, block_table};
     std::vector<at::Tensor> out(1 + aux_ids.size());
     for (size_t i = 0; i < layers.size(); ++i) {
