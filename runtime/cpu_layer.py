@@ -166,9 +166,6 @@ class CpuLayerStack:
             floats = [1e-6 if norm is None else norm[1], 1e-6 if qk is None else qk[2],
                       plan.post_norm[1], backend.scale]
             self._stack.add_layer(tensors, ints, floats)
-        # the mapping last seen (held, so it is never another one at the same address) and
-        # its caches of these layers
-        self._caches: tuple[Mapping[str, torch.Tensor], list[torch.Tensor]] | None = None
 
     @staticmethod
     def build(layers: list[DecoderLayer]) -> CpuLayerStack | None:
@@ -194,8 +191,11 @@ class CpuLayerStack:
         if (not CpuLayerPlan.applies(x, positions, rope) or not residual.is_contiguous()
                 or residual.dtype != torch.float32):
             return None
-        caches = self._caches_of(kv_caches)
-        if caches is None or any(attn_metadata[name] is not md for name in self.names):
+        caches = [kv_caches[name] for name in self.names]
+        # the kernel's cache layout (else the backend takes its torch path), and one metadata
+        # object for all layers
+        if not all(c.dtype == torch.float32 and c.is_contiguous() for c in caches) or any(
+                attn_metadata[name] is not md for name in self.names):
             return None
         short, batches = self.backend._cpu_plan(md, caches[0].shape[2], x.device)
         if short is None or batches:
@@ -204,14 +204,3 @@ class CpuLayerStack:
                                    md.slot_mapping, short.rows, short.query_starts,
                                    short.query_lens, short.seq_lens, md.block_table,
                                    list(aux_ids), Q4_ROWS)
-
-    def _caches_of(self, kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor] | None:
-        """The layers' caches in order, if all are contiguous float32 (the kernel's layout; else
-        the backend takes its torch path); remembered for the mapping last seen."""
-        if self._caches is not None and self._caches[0] is kv_caches:
-            return self._caches[1]
-        caches = [kv_caches[name] for name in self.names]
-        if not all(c.dtype == torch.float32 and c.is_contiguous() for c in caches):
-            return None
-        self._caches = (kv_caches, caches)
-        return caches
