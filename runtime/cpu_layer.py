@@ -145,9 +145,8 @@ class CpuLayerStack:
 
     def __init__(self, layers: list[DecoderLayer], plans: list[CpuLayerPlan]) -> None:
         self.names = [layer.self_attn.layer_name for layer in layers]
-        backends = [plan.backend for plan in plans]
-        assert all(isinstance(b, CpuAttentionBackend) for b in backends)
-        self.backend: CpuAttentionBackend = backends[0]  # type: ignore[assignment]
+        # every plan's backend is the cpu one (build checks); its kernel rows serve all layers
+        self.backend: CpuAttentionBackend = plans[0].backend  # type: ignore[assignment]
         self._stack: Any = torch.classes.eaglebatch.LayerStack()
         for plan in plans:
             norm = plan.input_norm
