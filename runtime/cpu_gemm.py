@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.cpu_kernels import load_cpu_kernels
+from runtime.huge_pages import keep_in_huge_pages
 
 PANEL_ROWS = (1, None)  # every product
 ONEDNN_DECODER_ROWS = (2, 48)  # without the C++ kernels
@@ -108,6 +109,7 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
         if callable(fuse):
             fuse()
             return_freed_memory()  # the parts' own panels were just freed
+    keep_in_huge_pages(packed_tensors(module))  # runtime.huge_pages: fewer TLB misses
     for sub in list(module.modules()):  # then layers whose products are all panels: one plan
         plan = getattr(sub, "plan_for_cpu", None)
         if callable(plan):
@@ -116,6 +118,20 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
         stack = getattr(sub, "stack_for_cpu", None)
         if callable(stack):
             stack()
+
+
+def packed_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """The packed copies under `module` (panels, their scales and 4-bit parts) of every
+    PrepackedLinear and FusedPanels, fused parts' views included."""
+    tensors: list[torch.Tensor] = []
+    for sub in module.modules():
+        holders: list[PrepackedLinear | FusedPanels] = [
+            v for v in vars(sub).values() if isinstance(v, FusedPanels)]
+        if isinstance(sub, PrepackedLinear):
+            holders.append(sub)
+        for h in holders:
+            tensors += [h._packed, *(() if h._scales is None else (h._scales,)), *(h._q4 or ())]
+    return tensors
 
 
 def _call_glibc(name: str, *args: int) -> None:

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 
 from runtime.cpu_gemm import PANEL, PrepackedLinear, int8_panels, quantize_int8
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
+from runtime.huge_pages import keep_in_huge_pages
 
 C2 = 2.0**-8  # the product's bfloat16 output, rounded from float32 (2^-9, doubled)
 SLACK = 1e-30  # keeps B > 0 where norms underflow
@@ -109,6 +110,9 @@ class ExactGreedyHead:
             self._packed_bf16 = None
         self.weight_bf16_t = bf16.t().contiguous() if self._packed_bf16 is None else None
         self.weight_norms = weight.float().norm(dim=1) * (1 + 2.0**-10)  # [vocab], rounded up
+        # what small steps read every time: in huge pages, as the head's panels
+        keep_in_huge_pages([*(self.dots or ()), self.panels_int8, self.scales, self.int8_factors,
+                            self.int8_norms, self.weight_norms, self.weight_bf16_t])
 
     @classmethod
     def for_head(cls, head: torch.nn.Module) -> ExactGreedyHead | None:
