@@ -73,6 +73,10 @@ def _header(meta: dict[str, Any]) -> str:
         f"weights {_drafter_weights(config, meta)}; n-gram lookup "
         f"drafts {_lookups(config)}",
     ]
+    if not _on_cuda(meta) and "huge_pages" in meta:
+        lines.append("- the engines' packed weights in transparent huge pages" if meta["huge_pages"]
+                     else "- the engines' packed weights in ordinary 4 KiB pages (no transparent "
+                     "huge pages here, or EAGLEBATCH_HUGE_PAGES=0)")
     if config.get("draft_max_batch"):
         lines.append(f"- greedy requests draft only in steps of at most "
                      f"{config['draft_max_batch']} requests (`--draft-max-batch`, as `generate` "

@@ -51,6 +51,7 @@ from pipeline.bench.workload import Workload, build_workload, read_prompts
 from pipeline.config import JobError
 from runtime.config import EngineConfig
 from runtime.engine import Engine
+from runtime.huge_pages import huge_pages_available
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
 from runtime.setup import Placement, place
 
@@ -216,6 +217,7 @@ def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: P
                           "max": max(lengths)},
         "copy_bandwidth_bytes_per_s": bandwidth, "attention_backend": p.backend,
         "batch1_turns": "request",  # turns(): at batch size 1, rounds go request by request
+        "huge_pages": p.device.type == "cpu" and huge_pages_available(),
     }
 
 

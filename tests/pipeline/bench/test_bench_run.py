@@ -16,6 +16,7 @@ from pipeline.bench.plots import plot_acceptance, plot_speedup, plot_throughput
 from pipeline.bench.runner import read_bench_parquet, turns
 from pipeline.bench.workload import Workload
 from runtime.config import EngineConfig
+from runtime.huge_pages import huge_pages_available
 from tests.pipeline.bench.conftest import (
     BATCH_SIZES,
     BENCH_PROMPTS,
@@ -88,6 +89,9 @@ def test_report_has_median_and_ratio_tables(bench_dir: Path) -> None:
     for name in PLOT_FILES:
         assert f"]({name})" in report
     assert "Random weights" not in report and "bandwidth floor" not in report
+    pages = ("- the engines' packed weights in transparent huge pages\n" if huge_pages_available()
+             else "- the engines' packed weights in ordinary 4 KiB pages")
+    assert pages in report
 
 
 def test_plots_are_pngs_with_data(bench_dir: Path, tmp_path: Path) -> None:
