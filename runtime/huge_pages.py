@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def keep_in_huge_pages(tensors: Iterable[torch.Tensor | None]) -> int:
     huge-page mapping, each storage whole, and points every given tensor on it at its new place:
     the same values, the same shapes and strides; views among `tensors` stay views of one
     another. A storage that some tensor not given still uses stays alive beside the copy (pass
-    every view). Returns the bytes moved (0 where huge pages are not available)."""
+    every view). Returns the bytes moved (0 where huge pages are not available, or where the
+    mapping cannot be made: then with a warning, and the tensors stay where they were)."""
     if not huge_pages_available():
         return 0
     by_storage: dict[int, list[torch.Tensor]] = {}
@@ -80,7 +82,11 @@ def keep_in_huge_pages(tensors: Iterable[torch.Tensor | None]) -> int:
     if not storages:
         return 0
     sizes = {key: -(-s.nbytes() // _ALIGN) * _ALIGN for key, s in storages.items()}
-    buffer = huge_page_buffer(sum(sizes.values()))
+    try:
+        buffer = huge_page_buffer(sum(sizes.values()))
+    except (OSError, ValueError) as exc:  # no address space or memory for it, madvise refused
+        warnings.warn(f"packed weights stay in ordinary pages: {exc}", stacklevel=2)
+        return 0
     target = buffer.untyped_storage()
     base = buffer.data_ptr() - target.data_ptr()  # bytes from the mapping's start to the buffer
     offset = moved = unreturned = 0

@@ -97,3 +97,17 @@ def test_an_engine_keeps_its_packed_weights_in_huge_pages(
     plain, plain_tokens = _tokens(tiny_model_dir)
     assert not any(advised_for_huge_pages(t.data_ptr()) for t in packed_tensors(plain.model))
     assert tokens == plain_tokens and all(len(t) == 12 for t in tokens)
+
+
+@needs_huge_pages
+def test_a_mapping_that_cannot_be_made_leaves_the_tensors_where_they_were(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(nbytes: int) -> torch.Tensor:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr("runtime.huge_pages.huge_page_buffer", refuse)
+    t = torch.arange(1 << 16, dtype=torch.float32)
+    before = t.data_ptr()
+    with pytest.warns(UserWarning, match="stay in ordinary pages: .*Cannot allocate"):
+        assert keep_in_huge_pages([t]) == 0
+    assert t.data_ptr() == before and torch.equal(t, torch.arange(1 << 16, dtype=torch.float32))
