@@ -40,8 +40,8 @@ constexpr int64_t kPanel = 64;   // output columns per panel
 constexpr int64_t kMaxRows = 6;  // rows per register tile (6 x 4 accumulators of 16 floats)
 constexpr int64_t kChunk = 192;  // rows per pass over the panels (prefill; 96 -> 192: 30
                                  // layers at 192 rows ~145 -> ~138 ms, Xeon, 2 threads)
-constexpr int64_t kAhead = 8;    // panel rows prefetched ahead (one 256-byte row per input)
-constexpr int64_t kFarBytes = 16384;  // and bytes fetched into L2 ahead (see tile)
+constexpr int64_t kFarBytes = 16384;  // bytes fetched into L2 ahead (see tile)
+constexpr int kFarRows = 5;  // a single tile fetches ahead from this many rows (see tile)
 
 using bf16_bits = uint16_t;  // a bfloat16 value: the high 16 bits of a float32
 
@@ -126,13 +126,16 @@ inline void store_acc(const __m512 (&acc)[Rows][4], float (&out)[Rows][kPanel]) 
 // Fetching ahead: a panel's tiles (7+ rows) bring the thread's next panel into L2 while they
 // compute, each a share of its rows (see run_panels), so its tiles then read it from L2, bound by
 // arithmetic, while memory streams the panel after it (16 rows: 31.7 -> 24.0 ms for the 30
-// layers of the default model on 2 cores). A single tile (1-6 rows) streams its own panel from
-// memory and also fetches kFarBytes ahead into L2, besides the near prefetch: without it a
-// 5-row product took ~30% longer than a 4-row one (AMD EPYC), and on a Xeon 3 / 4 rows took
-// 1.0 / 2.2 ms longer than 1 row for the 30 layers (20.4 / 21.6 ms against 19.4; with it 19.5 /
-// 19.5, 1 row unchanged: what verifying 2-3 drafts at batch 1 costs). Of a several-tile pass
-// only the first tile does (the panel is in L2 for the others: the far fetches only took load
-// slots from the products: 30 layers at 48 / 64 rows 47.0 / 57.9 -> 44.1 / 54.8 ms, Xeon, 2
+// layers of the default model on 2 cores). The first tile of such a pass, and a single tile of
+// kFarRows or more rows, also fetch kFarBytes ahead into L2 (without it a 5-row product took ~30%
+// longer than a 4-row one, AMD EPYC). A single tile of 1-4 rows fetches nothing: the hardware
+// prefetchers stream its panel. With the weights in huge pages (runtime/huge_pages.py) its own
+// fetches only cost: dropping them (and a near fetch 8 rows ahead into L1 that every tile made)
+// gave, in one process alternating both kernels, batch 1 plain +5-11% and drafted +11-15% tokens/s
+// (8 prompts, 3 runs; with 4 KiB pages +0.5-7% and +1.5-7%), the same at 5-48 rows. (Earlier, with
+// 4 KiB pages on a Xeon, the far fetch had made 3 / 4 rows as cheap as 1.) Of a several-tile pass
+// only the first tile fetches ahead (the panel is in L2 for the others: the far fetches only took
+// load slots from the products: 30 layers at 48 / 64 rows 47.0 / 57.9 -> 44.1 / 54.8 ms, Xeon, 2
 // threads).
 template <int Rows, typename W>
 void tile(const float* x, int64_t k, const W* panel, const float* scale, const float* bias,
@@ -140,17 +143,15 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
   alignas(64) float out[Rows][kPanel];
 #ifdef __AVX512F__
   constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
-  constexpr int64_t ahead = kAhead * 4 / lines;        // the same bytes ahead for either type
   constexpr int64_t far = kFarBytes / (64 * lines);    // panel rows in kFarBytes
   int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
-  const bool fetch_far = every == 1 || phase == 0;  // a single tile, or a pass's first
+  // a single tile of kFarRows+ rows, or a pass's first (always a full one)
+  const bool fetch_far = Rows >= kFarRows && (every == 1 || phase == 0);
   __m512 acc[Rows][4];
   for (int m = 0; m < Rows; ++m)
     for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < k; ++c) {
     const W* w = panel + c * kPanel;
-    for (int64_t line = 0; line < lines; ++line)
-      _mm_prefetch(reinterpret_cast<const char*>(w + ahead * kPanel) + 64 * line, _MM_HINT_T0);
     if (fetch_far)
       for (int64_t line = 0; line < lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(w + far * kPanel) + 64 * line, _MM_HINT_T1);
