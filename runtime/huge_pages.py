@@ -68,8 +68,8 @@ def keep_in_huge_pages(tensors: Iterable[torch.Tensor | None]) -> int:
     mapping cannot be made: then with a warning, and the tensors stay where they were)."""
     if not huge_pages_available():
         return 0
-    by_storage: dict[int, list[torch.Tensor]] = {}
-    storages: dict[int, torch.UntypedStorage] = {}
+    # each storage (by address) and the given tensors on it
+    groups: dict[int, tuple[torch.UntypedStorage, list[torch.Tensor]]] = {}
     seen: set[int] = set()
     for t in tensors:
         if (t is None or id(t) in seen or t.device.type != "cpu" or t.layout != torch.strided
@@ -77,13 +77,11 @@ def keep_in_huge_pages(tensors: Iterable[torch.Tensor | None]) -> int:
             continue
         seen.add(id(t))
         storage = t.untyped_storage()
-        by_storage.setdefault(storage.data_ptr(), []).append(t)
-        storages[storage.data_ptr()] = storage
-    if not storages:
+        groups.setdefault(storage.data_ptr(), (storage, []))[1].append(t)
+    if not groups:
         return 0
-    sizes = {key: -(-s.nbytes() // _ALIGN) * _ALIGN for key, s in storages.items()}
     try:
-        buffer = huge_page_buffer(sum(sizes.values()))
+        buffer = huge_page_buffer(sum(_aligned(s.nbytes()) for s, _ in groups.values()))
     except (OSError, ValueError) as exc:  # no address space or memory for it, madvise refused
         warnings.warn(f"packed weights stay in ordinary pages: {exc}", stacklevel=2)
         return 0
@@ -91,15 +89,15 @@ def keep_in_huge_pages(tensors: Iterable[torch.Tensor | None]) -> int:
     base = buffer.data_ptr() - target.data_ptr()  # bytes from the mapping's start to the buffer
     offset = moved = unreturned = 0
     with torch.inference_mode():
-        for key in list(storages):
-            storage = storages.pop(key)  # the old storage goes once its tensors are moved
+        for key in list(groups):
+            storage, on_it = groups.pop(key)  # the old storage goes once its tensors are moved
             nbytes = storage.nbytes()
             buffer[offset:offset + nbytes].copy_(_bytes_of(storage))
-            for t in by_storage.pop(key):
+            for t in on_it:
                 start = base + offset + t.storage_offset() * t.element_size()
                 t.set_(target, start // t.element_size(), t.size(), t.stride())
-            del storage
-            offset += sizes[key]
+            del storage, on_it
+            offset += _aligned(nbytes)
             moved += nbytes
             unreturned += nbytes
             if unreturned >= _TRIM_BYTES:
@@ -107,6 +105,11 @@ def keep_in_huge_pages(tensors: Iterable[torch.Tensor | None]) -> int:
                 unreturned = 0
     _return_freed_memory()
     return moved
+
+
+def _aligned(nbytes: int) -> int:
+    """nbytes rounded up to _ALIGN."""
+    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

@@ -171,7 +171,6 @@ at::Tensor run_layer(const Layer& l, at::Tensor x, const at::Tensor& residual,
   return h + linear(at::silu_(gate_up[0]).mul_(gate_up[1]), l.down_proj, q4);
 }
 
-
 struct LayerStack : torch::CustomClassHolder {
   std::vector<Layer> layers;
 
