@@ -146,18 +146,40 @@ def iter_state_dict(model_dir: Path, dtype: torch.dtype, device: torch.device | 
     its model and drops it holds one tensor (a .bin file: one shard) beside the model, not the
     whole checkpoint."""
     model_dir = Path(model_dir)
-    files = _weight_files(model_dir, "model.safetensors", "*.safetensors")
-    if files:
-        yield from _iter_safetensors(files, dtype, torch.device(device))
-        return
-    files = _weight_files(model_dir, "pytorch_model.bin", "pytorch_model*.bin")
+    files = weight_files(model_dir)
     if not files:
         raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {model_dir}")
+    if files[0].suffix == ".safetensors":
+        yield from _iter_safetensors(files, dtype, torch.device(device))
+        return
     for file in files:
-        shard = torch.load(file, map_location="cpu", weights_only=True)
+        shard = read_bin_shard(file)
         while shard:
             key = next(iter(shard))
             yield key, _cast(shard.pop(key), dtype, torch.device(device))
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """A checkpoint's weight shards: its safetensors files, else its pytorch_model*.bin files
+    (each kind as named by its .index.json where there is one); [] where it has neither. Other
+    .bin files (optimizer.bin, training_args.bin of a training run's folder) are not weights."""
+    return (_weight_files(model_dir, "model.safetensors", "*.safetensors")
+            or _weight_files(model_dir, "pytorch_model.bin", "pytorch_model*.bin"))
+
+
+def read_bin_shard(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one pytorch_model*.bin shard. A file torch cannot read (truncated, not a
+    checkpoint, pickled objects other than tensors) raises ValueError naming it."""
+    try:
+        shard = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # OSError, pickle's and zipfile's errors, RuntimeError: torch's vary
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{file}: cannot read it as PyTorch weights ({reason})") from None
+    if not isinstance(shard, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in shard.items()):
+        raise ValueError(f"{file}: not a checkpoint of named tensors "
+                         f"(holds a {type(shard).__name__})")
+    return shard
 
 
 def _weight_files(model_dir: Path, single: str, pattern: str) -> list[Path]:

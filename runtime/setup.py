@@ -104,11 +104,11 @@ def kv_budget(config: EngineConfig, p: Placement) -> int:
 
 def build_kv_cache(specs: dict[str, AttentionSpec], draft_names: list[str], budget: int,
                    p: Placement) -> tuple[KVCacheConfig, dict[str, torch.Tensor]]:
+    # A target mixing sliding-window and full layers (a Qwen2 with max_window_layers) has one
+    # group of each; their pages have one layout and a request has one block table over every
+    # layer (runtime.kv.manager): a sliding layer's window is its attention's mask, and it keeps
+    # the blocks that left its window like a full layer does.
     kv_config = make_kv_cache_config(specs, budget, draft_names)
-    target_groups = {kv_config.group_of(n) for n in specs if n not in draft_names}
-    if len(target_groups) > 1:
-        raise ValueError("the model mixes attention kinds (e.g. sliding-window and full layers) "
-                         "in one stack; hybrid KV cache groups are not supported yet")
     if draft_names:
         validate_same_kv_cache_group(kv_config)  # before any cache tensor exists
     return kv_config, allocate_kv_caches(kv_config, p.dtype, p.device)

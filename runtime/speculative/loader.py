@@ -30,11 +30,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import LlamaConfig, PretrainedConfig
 
+from runtime.loader import read_bin_shard, weight_files
 from runtime.model import head_dim_of
 
 IGNORED_KEYS = ("embed_tokens.weight", "t2d")
 _SPECULATORS_TOP_FIELDS = ("draft_vocab_size", "norm_before_residual", "target_hidden_size",
                            "eagle_aux_hidden_state_layer_ids")
+_REQUIRED_FIELDS = ("hidden_size", "num_attention_heads", "intermediate_size")
 
 
 class DrafterCheckpoint(NamedTuple):
@@ -53,18 +55,57 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
         raise FileNotFoundError(f"drafter {path}: no config.json (expected an EAGLE checkpoint "
                                 "directory with config.json and model.safetensors)")
     raw = read_drafter_config(path)
-    config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
-    config.architectures = raw.get("architectures")
     tensors = _read_tensors(path)
     if raw.get("speculators_model_type") == "eagle":
         tensors = _from_speculators_eagle(tensors)
-    style = _style(tensors, config, path)
+    style = _style(tensors, target_config, path)
     state = _rename(tensors, style)
+    config = _llama_config(raw | _attention_from_weights(state), path / "config.json")
     if "speculators_model_type" in raw:  # its layer config may be the verifier's whole config
         config.num_hidden_layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
     check_fit(config, state, style, target_config, path)
-    aux = _aux_layer_ids(raw, style, target_config.num_hidden_layers)
+    aux = _aux_layer_ids(raw, style, target_config.num_hidden_layers, path)
     return DrafterCheckpoint(config, style, state, aux)
+
+
+def _llama_config(raw: dict, where: Path) -> LlamaConfig:
+    """The drafter's layers' config. A config copied from its target may carry the target's
+    `layer_types` (one per target layer; transformers writes them into every Qwen2 / Qwen3
+    config): the drafter's layers take the first ones."""
+    missing = [k for k in _REQUIRED_FIELDS if raw.get(k) is None]
+    if missing:
+        raise DrafterMismatchError(f"drafter {where}: no {', '.join(missing)} (an EAGLE "
+                                   "drafter's config.json describes its decoder layers)")
+    fields = {k: v for k, v in raw.items() if k != "architectures"}
+    layers = fields.get("num_hidden_layers", 1)
+    types = fields.get("layer_types")
+    if isinstance(types, list) and isinstance(layers, int) and len(types) != layers:
+        if len(types) > layers:
+            fields["layer_types"] = types[:layers]
+        else:
+            del fields["layer_types"]
+    try:
+        config = LlamaConfig(**fields)
+    except Exception as exc:  # transformers' validation errors are not all ValueErrors
+        raise DrafterMismatchError(f"drafter {where}: not a valid layer config ({exc})") from None
+    config.architectures = raw.get("architectures")
+    return config
+
+
+def _attention_from_weights(state: dict[str, torch.Tensor]) -> dict[str, object]:
+    """The config fields that give the drafter's attention the biases and q/k norms its weights
+    have: configs do not say reliably (a drafter of a Qwen2 target may carry q/k/v biases under
+    model_type llama; one of a Qwen3 target is often model_type llama without q/k norms, or
+    qwen3 without them)."""
+    attn = "layers.0.self_attn."
+    qkv_bias = attn + "q_proj.bias" in state
+    o_bias = attn + "o_proj.bias" in state
+    if attn + "q_norm.weight" in state:
+        return {"model_type": "qwen3", "attention_bias": qkv_bias}
+    if qkv_bias and not o_bias:
+        return {"model_type": "qwen2", "attention_bias": False}
+    # (a bias on o_proj alone: the weights' check then names the missing q/k/v biases)
+    return {"model_type": "llama", "attention_bias": qkv_bias or o_bias}
 
 
 def read_drafter_config(path: Path) -> dict:
@@ -139,32 +180,39 @@ def _unreadable(path: Path, file: Path, exc: Exception) -> DrafterMismatchError:
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
+    """The checkpoint's tensors: its safetensors files, else its pytorch_model*.bin files (a
+    training run's optimizer.bin or scheduler.bin beside them are not read)."""
+    files = weight_files(path)
+    if not files:
+        others = sorted(f.name for f in path.glob("*.bin"))
+        raise FileNotFoundError(f"drafter {path}: no *.safetensors or pytorch_model*.bin weights"
+                                + (f" (not weights: {', '.join(others)})" if others else ""))
     out: dict[str, torch.Tensor] = {}
-    if files:
-        for f in files:
-            try:
-                out.update(load_file(str(f)))
-            except SafetensorError as exc:
-                raise _unreadable(path, f, exc) from None
-    else:
-        bins = sorted(path.glob("*.bin"))
-        if not bins:
-            raise FileNotFoundError(f"drafter {path}: no *.safetensors or *.bin weights")
-        for f in bins:
-            out.update(torch.load(f, map_location="cpu", weights_only=True))
+    for f in files:
+        try:
+            out.update(load_file(str(f)) if f.suffix == ".safetensors" else read_bin_shard(f))
+        except SafetensorError as exc:
+            raise _unreadable(path, f, exc) from None
+        except ValueError as exc:  # read_bin_shard's, naming the file
+            raise DrafterMismatchError(f"drafter {exc}") from None
     return {k.removeprefix("model."): v for k, v in out.items()}
 
 
-def _style(tensors: dict[str, torch.Tensor], config: PretrainedConfig, path: Path) -> str:
+def _style(tensors: dict[str, torch.Tensor], target: PretrainedConfig, path: Path) -> str:
     if "fc.weight" not in tensors:
         raise DrafterMismatchError(f"drafter {path}: no fc.weight; not an EAGLE checkpoint")
-    ratio = tensors["fc.weight"].shape[1] // tensors["fc.weight"].shape[0]
-    if ratio not in (2, 3):
-        raise DrafterMismatchError(f"drafter {path}: fc.weight has shape "
-                                   f"{tuple(tensors['fc.weight'].shape)}; expected [H, 2H] "
-                                   "(EAGLE-1) or [H, 3H] (EAGLE-3)")
-    return "eagle3" if ratio == 3 else "eagle1"
+    out_size, in_size = tensors["fc.weight"].shape
+    if in_size in (2 * out_size, 3 * out_size):
+        return "eagle3" if in_size == 3 * out_size else "eagle1"
+    features, width = in_size // target.hidden_size, target.hidden_size
+    if in_size in (2 * width, 3 * width):
+        raise DrafterMismatchError(
+            f"drafter {path}: fc.weight maps {features} target features of {width} to "
+            f"{out_size}; drafters narrower or wider than their target (target_hidden_size != "
+            "hidden_size) are not supported")
+    raise DrafterMismatchError(f"drafter {path}: fc.weight has shape "
+                               f"{tuple(tensors['fc.weight'].shape)}; expected [H, 2H] "
+                               "(EAGLE-1) or [H, 3H] (EAGLE-3)")
 
 
 def _rename(tensors: dict[str, torch.Tensor], style: str) -> dict[str, torch.Tensor]:
@@ -214,13 +262,16 @@ def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: s
         state.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
 
 
-def _aux_layer_ids(raw: dict, style: str, num_layers: int) -> tuple[int, ...]:
+def _aux_layer_ids(raw: dict, style: str, num_layers: int, path: Path) -> tuple[int, ...]:
     if style != "eagle3":
         return ()
     ids = raw.get("eagle_aux_hidden_state_layer_ids") or (
         raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    where = "eagle_aux_hidden_state_layer_ids" if ids else (
+        "the default (2, L/2, L-3) for a config without eagle_aux_hidden_state_layer_ids")
     ids = tuple(ids) if ids else (2, num_layers // 2, num_layers - 3)
-    if len(ids) != 3 or any(not 0 <= i < num_layers for i in ids):
-        raise DrafterMismatchError(f"EAGLE-3 aux layer ids {ids} do not fit a target with "
-                                   f"{num_layers} layers (need three ids in 0..{num_layers - 1})")
+    if len(ids) != 3 or any(not isinstance(i, int) or not 0 <= i < num_layers for i in ids):
+        raise DrafterMismatchError(f"drafter {path}: EAGLE-3 aux layer ids {ids} ({where}) do "
+                                   f"not fit a target with {num_layers} layers (need three ids "
+                                   f"in 0..{num_layers - 1})")
     return ids

@@ -59,4 +59,13 @@ def load_drafter_weights(drafter: EagleDrafter, state: dict[str, torch.Tensor], 
         raise ValueError(f"drafter {where}: weights do not match an EAGLE {drafter.style} drafter "
                          f"with {len(drafter.layers)} layers: missing {missing[:6]}, "
                          f"unexpected {unexpected[:6]}")
+    wrong = [f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})"
+             for k, v in params.items() if state[k].shape != v.shape]
+    if wrong:
+        c = drafter.config
+        raise ValueError(f"drafter {where}: weights do not have the shapes its config.json gives "
+                         f"(hidden_size {c.hidden_size}, num_attention_heads "
+                         f"{c.num_attention_heads}, num_key_value_heads {c.num_key_value_heads}, "
+                         f"head_dim {head_dim_of(c)}, intermediate_size {c.intermediate_size}): "
+                         + "; ".join(wrong[:4]))
     drafter.load_state_dict(state, strict=True)

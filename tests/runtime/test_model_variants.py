@@ -68,3 +68,44 @@ def test_qwen3_target_matches_transformers_with_and_without_an_eagle3_drafter(
         assert engine.model.model.layers[0].self_attn.q_norm.weight.shape == (128,)
         if drafter_dir is not None:
             assert sum(c.num_drafted for c in done.values()) > 0
+
+
+def test_qwen2_mixing_full_and_sliding_layers_matches_transformers(tmp_path: Path) -> None:
+    """Qwen2 with use_sliding_window: layers from max_window_layers on attend over a window,
+    the ones below it over everything; two KV cache groups under one block table."""
+    import json  # noqa: PLC0415
+
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from tests.drafter_fixtures import make_random_drafter  # noqa: PLC0415
+    from tests.fixtures import make_tiny_checkpoint  # noqa: PLC0415
+
+    model_dir = make_tiny_checkpoint(tmp_path / "qwen2", arch="qwen2", num_layers=3)
+    full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                  layer_types=["full_attention", "sliding_attention", "sliding_attention"])
+    (model_dir / "config.json").write_text(json.dumps(config))
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    drafter = make_random_drafter(model_dir, tmp_path / "drafter", num_layers=2,
+                                  model_type="qwen2")
+    prompts = [[5, 9, 33, 12, 80, 7, 61, 2], [44, 3, 19]]
+
+    def greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
+        return model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+
+    expected = [greedy(reference, p) for p in prompts]
+    assert expected != [greedy(full, p) for p in prompts]  # the windows change the tokens
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    for backend in ("cpu", "torch"):
+        for drafter_dir in (None, drafter):
+            engine = Engine(EngineConfig(model=str(model_dir), block_size=4,
+                                         kv_cache_memory=1 << 20, attention_backend=backend,
+                                         drafter=str(drafter_dir) if drafter_dir else None))
+            assert len(engine.kv_cache_config.groups) == 2
+            done = {c.request_id: c for c in engine.generate(
+                [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(prompts)])}
+            assert [list(done[str(i)].token_ids) for i in range(len(prompts))] == expected
+            if drafter_dir is not None:
+                assert sum(c.num_drafted for c in done.values()) > 0

@@ -1,0 +1,182 @@
+"""Drafter folders as people actually leave them: a config copied from the target (a Qwen2 one
+carries one layer_types entry per target layer), a training run's optimizer.bin beside the
+weights, attention biases the config does not mention, damaged files; and the errors that name
+what is wrong."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.loader import load_state_dict
+from runtime.request import Completion, GenerationRequest
+from runtime.speculative.loader import DrafterMismatchError, load_drafter_checkpoint
+from tests.drafter_fixtures import make_random_drafter
+from tests.fixtures import make_tiny_checkpoint
+
+PROMPTS = ([5, 9, 13, 2, 77, 31, 8], [200, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50])
+
+
+def generate(model_dir: Path, drafter: Path | None) -> dict[str, Completion]:
+    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
+                                 drafter=str(drafter) if drafter else None))
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(PROMPTS)]
+    return {c.request_id: c for c in engine.generate(requests)}
+
+
+def tokens(out: dict[str, Completion]) -> dict[str, list[int]]:
+    return {k: list(c.token_ids) for k, c in out.items()}
+
+
+def as_bin(drafter: Path) -> Path:
+    """The drafter's weights moved from model.safetensors to pytorch_model.bin."""
+    tensors = load_file(str(drafter / "model.safetensors"))
+    (drafter / "model.safetensors").unlink()
+    torch.save(tensors, drafter / "pytorch_model.bin")
+    return drafter / "pytorch_model.bin"
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("qwen2"), arch="qwen2", num_layers=3)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+def test_a_config_copied_from_a_qwen2_target_loads_and_is_lossless(
+        qwen2_dir: Path, tmp_path: Path, model_type: str) -> None:
+    # q/k/v biases as a Qwen2 drafter has them, whatever model_type its config then says
+    drafter = make_random_drafter(qwen2_dir, tmp_path / "d", num_layers=2, model_type="qwen2")
+    target_config = json.loads((qwen2_dir / "config.json").read_text())
+    assert len(target_config["layer_types"]) == 3  # what transformers writes for Qwen2
+    own = json.loads((drafter / "config.json").read_text())
+    config = target_config | {"num_hidden_layers": 2, "architectures": own["architectures"],
+                              "model_type": model_type}
+    (drafter / "config.json").write_text(json.dumps(config))
+
+    ckpt = load_drafter_checkpoint(drafter, AutoConfig.from_pretrained(qwen2_dir))
+    assert ckpt.config.num_hidden_layers == 2 and ckpt.config.model_type == "qwen2"
+    assert "layers.1.self_attn.q_proj.bias" in ckpt.state_dict
+    out = generate(qwen2_dir, drafter)
+    assert tokens(out) == tokens(generate(qwen2_dir, None))
+    assert sum(c.num_drafted for c in out.values()) > 0
+
+
+def test_attention_biases_follow_the_weights_not_the_config(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    # a drafter with q/k/v and o_proj biases whose config says model_type qwen2 (which would
+    # mean q/k/v biases only) and no attention_bias
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=1,
+                                  attention_bias=True)
+    config = json.loads((drafter / "config.json").read_text())
+    config.update(model_type="qwen2", attention_bias=False)
+    (drafter / "config.json").write_text(json.dumps(config))
+    ckpt = load_drafter_checkpoint(drafter, AutoConfig.from_pretrained(tiny_model_dir))
+    assert (ckpt.config.model_type, ckpt.config.attention_bias) == ("llama", True)
+    assert tokens(generate(tiny_model_dir, drafter)) == tokens(generate(tiny_model_dir, None))
+
+
+def test_a_training_runs_other_bin_files_are_not_read(tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=2)
+    target = AutoConfig.from_pretrained(tiny_model_dir)
+    expected = load_drafter_checkpoint(drafter, target).state_dict
+    as_bin(drafter)
+    weights = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(weights.parameters())
+    torch.save(optimizer.state_dict(), drafter / "optimizer.bin")
+    torch.save({"last_epoch": 3, "_step_count": 4}, drafter / "scheduler.bin")
+    (drafter / "training_args.bin").write_bytes(pickle.dumps({"lr": object}))
+    state = load_drafter_checkpoint(drafter, target).state_dict
+    assert sorted(state) == sorted(expected)
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+
+    (drafter / "pytorch_model.bin").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no \*.safetensors or pytorch_model\*.bin "
+                       r"weights \(not weights: optimizer.bin, scheduler.bin, training_args.bin\)"):
+        load_drafter_checkpoint(drafter, target)
+
+
+def test_a_damaged_bin_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=1)
+    weights = as_bin(drafter)
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    target = AutoConfig.from_pretrained(tiny_model_dir)
+    with pytest.raises(DrafterMismatchError,
+                       match=f"drafter {weights}: cannot read it as PyTorch weights"):
+        load_drafter_checkpoint(drafter, target)
+    torch.save([torch.zeros(2)], weights)
+    with pytest.raises(DrafterMismatchError,
+                       match=f"drafter {weights}: not a checkpoint of named tensors "
+                             r"\(holds a list\)"):
+        load_drafter_checkpoint(drafter, target)
+
+
+def test_a_damaged_target_bin_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (model / f.name).write_bytes(f.read_bytes())
+    weights = model / "pytorch_model.bin"
+    weights.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(ValueError, match=f"{weights}: cannot read it as PyTorch weights"):
+        load_state_dict(model, torch.float32)
+
+
+def _edit_config(drafter: Path, **changes: object) -> None:
+    config = json.loads((drafter / "config.json").read_text())
+    config.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del config[key]
+    (drafter / "config.json").write_text(json.dumps(config))
+
+
+def test_configs_that_do_not_match_their_weights_are_named(tiny_model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    target = AutoConfig.from_pretrained(tiny_model_dir)  # hidden 64, 4 heads of 16, 2 layers
+    eagle1 = make_random_drafter(tiny_model_dir, tmp_path / "e1", num_layers=1)
+    _edit_config(eagle1, hidden_size=None)
+    with pytest.raises(DrafterMismatchError, match=f"drafter {eagle1 / 'config.json'}: no "
+                                                   "hidden_size"):
+        load_drafter_checkpoint(eagle1, target)
+
+    _edit_config(eagle1, hidden_size=64, num_attention_heads=8, head_dim=16)
+    with pytest.raises(ValueError, match=re.escape(
+            f"drafter {eagle1}: weights do not have the shapes its config.json gives "
+            "(hidden_size 64, num_attention_heads 8, num_key_value_heads 2, head_dim 16, "
+            "intermediate_size 128): layers.0.self_attn.q_proj.weight (64, 64) "
+            "(expected (128, 64))")):
+        Engine(EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1 << 20,
+                            drafter=str(eagle1)))
+
+    eagle3 = make_random_drafter(tiny_model_dir, tmp_path / "e3", num_layers=1, style="eagle3",
+                                 aux_layer_ids=(0, 1, 5))
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {eagle3}: EAGLE-3 aux layer ids (0, 1, 5) "
+            "(eagle_aux_hidden_state_layer_ids) do not fit a target with 2 layers")):
+        load_drafter_checkpoint(eagle3, target)
+    _edit_config(eagle3, eagle_aux_hidden_state_layer_ids=None)
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {eagle3}: EAGLE-3 aux layer ids (2, 1, -1) (the default (2, L/2, L-3) "
+            "for a config without eagle_aux_hidden_state_layer_ids)")):
+        load_drafter_checkpoint(eagle3, target)
+
+    tensors = load_file(str(eagle3 / "model.safetensors"))
+    tensors["fc.weight"] = torch.zeros(32, 3 * 64)  # a drafter narrower than its target
+    save_file(tensors, str(eagle3 / "model.safetensors"))
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {eagle3}: fc.weight maps 3 target features of 64 to 32; drafters "
+            "narrower or wider than their target")):
+        load_drafter_checkpoint(eagle3, target)
+
