@@ -112,7 +112,8 @@ def main() -> None:
               help="Most tokens generated per row (lowered per row to fit the model's context; "
                    "an input column max_tokens overrides it per row).")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="Sampling temperature; 0 means greedy. A temperature column overrides it.")
+              help="Sampling temperature; 0 (or anything below 1e-5) means greedy. A "
+                   "temperature column overrides it.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="Nucleus sampling: keep the smallest set of tokens whose probability reaches "
                    "this (1 = off). A top_p column overrides it.")
@@ -122,7 +123,7 @@ def main() -> None:
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens. A seed column "
                    "overrides it.")
-@click.option("--stop", multiple=True,
+@click.option("--stop", multiple=True, callback=lambda ctx, param, value: _stop_strings(value),
               help="Stop generating when this string appears (may be given several times); the "
                    "completion is cut before it. A stop column (list<string>) overrides it.")
 @click.option("--n", "n", default=1, show_default=True, type=click.IntRange(1),
@@ -183,6 +184,13 @@ def generate(**options: Any) -> None:
     except JobInterrupted as exc:
         click.echo(str(exc), err=True)
         sys.exit(128 + exc.signum)
+
+
+def _stop_strings(value: tuple[str, ...]) -> tuple[str, ...]:
+    if any(not s for s in value):
+        raise click.BadParameter("an empty stop string would end every completion at its first "
+                                 "token", param_hint="--stop")
+    return value
 
 
 def _draft_max_batch(o: dict[str, Any]) -> int | None:

@@ -32,12 +32,13 @@ from pipeline.manifest import (
 )
 from pipeline.progress import Progress
 from pipeline.shard import ShardContext, ShardHooks, run_shard
-from pipeline.sources import InputPlan, Shard, open_inputs, plan_shards, scan_inputs
+from pipeline.sources import InputFile, InputPlan, Shard, open_inputs, plan_shards, scan_inputs
 from pipeline.stages.generate import EngineLike
 from pipeline.stages.tokenize import TokenizeOptions
 from pipeline.stats import Counts, summary_line, total, write_stats
 from runtime.config import EngineConfig
 from runtime.engine import Engine
+from runtime.kv.groups import KVCacheBudgetError
 
 
 class JobInterrupted(Exception):
@@ -74,10 +75,14 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
     runner = _runner(config)
     files, schema, has_id = open_inputs(config)
     plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
-    os.makedirs(config.output_dir, exist_ok=True)
-    with _locked(config.output_dir):
+    _check_output_dir(config.output_dir, files)
+    scan_inputs(plan.files, config, plan.has_id_column)
+    try:
+        os.makedirs(config.output_dir, exist_ok=True)
+    except OSError as exc:
+        raise JobError(f"cannot create OUTPUT_DIR {config.output_dir} ({_reason(exc)})") from None
+    with _locked(config.output_dir), _naming_write_errors():
         manifest = _manifest_for(config, plan)
-        scan_inputs(plan.files, config, plan.has_id_column)
         with runner(config, plan, engine_factory) as run_shards:
             resumed = _prepare_output_dir(config, manifest)
             seconds_before = total(manifest.shards.values()).wall_seconds
@@ -103,6 +108,33 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
                          None if config.ray is None else seconds_before + elapsed)
     print(summary.line)
     return summary
+
+
+def _check_output_dir(output_dir: str, files: list[InputFile]) -> None:
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise JobError(f"OUTPUT_DIR {output_dir} is a file, not a directory")
+    real = os.path.realpath(output_dir)
+    inside = [f.path for f in files if os.path.dirname(os.path.realpath(f.path)) == real]
+    if inside:
+        raise JobError(f"OUTPUT_DIR {output_dir} holds the input file {inside[0]}; the job writes "
+                       f"and deletes part files there (and a rerun would read them as input): "
+                       f"choose another OUTPUT_DIR")
+
+
+@contextmanager
+def _naming_write_errors() -> Iterator[None]:
+    """A file that cannot be written (a full disk, a read-only mount) stops the job with a
+    message naming it; the shards committed before are kept."""
+    try:
+        yield
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise JobError(f"{where}{_reason(exc)}; the shards committed so far are kept: rerun the "
+                       f"same command to resume") from None
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _runner(config: JobConfig) -> Runner:
@@ -175,6 +207,9 @@ def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfi
     user error naming them."""
     try:
         return factory(config)
+    except KVCacheBudgetError as exc:
+        raise JobError(f"--kv-cache-memory {config.kv_cache_memory or '(default)'}: "
+                       f"{' '.join(str(exc).split())}") from None
     except (OSError, ValueError) as exc:
         what = f"--model {config.model}"
         if config.drafter:
@@ -197,7 +232,11 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
 @contextmanager
 def _locked(output_dir: str) -> Iterator[None]:
     """One job per OUTPUT_DIR at a time (a second one would delete the first one's temp files)."""
-    with open(os.path.join(output_dir, LOCK_FILE), "a") as lock:
+    try:
+        lock = open(os.path.join(output_dir, LOCK_FILE), "a")  # noqa: SIM115
+    except OSError as exc:
+        raise JobError(f"cannot write to OUTPUT_DIR {output_dir} ({_reason(exc)})") from None
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -79,6 +79,8 @@ def is_messages_type(t: pa.DataType) -> bool:
 
 
 def _override_type_ok(name: str, t: pa.DataType) -> bool:
+    if pa.types.is_null(t):  # every value null (pandas writes an all-None column so): no override
+        return True
     if name in ("max_tokens", "top_k", "seed"):
         return bool(pa.types.is_integer(t))
     if name in ("temperature", "top_p"):
@@ -88,6 +90,24 @@ def _override_type_ok(name: str, t: pa.DataType) -> bool:
 
 _OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "top_k": "an integer", "seed": "an integer",
                         "temperature": "a number", "top_p": "a number", "stop": "list<string>"}
+
+
+def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:
+    """How `schema` differs from `first` in columns and types (metadata aside), or None."""
+    if schema.equals(first, check_metadata=False):
+        return None
+    missing = [n for n in first.names if n not in schema.names]
+    extra = [n for n in schema.names if n not in first.names]
+    if missing or extra:
+        return ", ".join([f"no column {n!r}" for n in missing] + [f"an extra column {n!r}"
+                                                                  for n in extra])
+    for name in first.names:
+        mine, theirs = schema.field(name), first.field(name)
+        if mine.type != theirs.type:
+            return f"column {name!r} is {mine.type}, not {theirs.type}"
+        if mine.nullable != theirs.nullable:
+            return f"column {name!r} is {'' if mine.nullable else 'not '}nullable"
+    return f"the columns are in another order ({', '.join(schema.names)})"
 
 
 def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
@@ -101,7 +121,8 @@ def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
     has_id = config.id_column in names
     if has_id:
         id_type = schema.field(config.id_column).type
-        if not (is_string(id_type) or pa.types.is_integer(id_type)):
+        if not (is_string(id_type) or pa.types.is_integer(id_type)
+                or pa.types.is_null(id_type)):  # all null: the scan names the first row
             raise JobError(f"{path}: id column {config.id_column!r} is {id_type}; ids must be "
                            f"strings or integers (see --id-column)")
     for name in OVERRIDE_COLUMNS:
@@ -113,6 +134,10 @@ def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
     if clashes:
         raise JobError(f"{path}: input column {clashes[0]!r} has the name of an output column; "
                        f"rename it (output columns: {', '.join(reserved)})")
+    if not has_id and config.id_column in reserved:
+        raise JobError(f"--id-column {config.id_column!r}: {path} has no such column, so ids "
+                       f"would be written to a new one, but that is the name of an output "
+                       f"column; choose another (output columns: {', '.join(reserved)})")
     if len(set(names)) != len(names):
         raise JobError(f"{path}: the input has two columns with the same name")
     return has_id
@@ -124,5 +149,5 @@ def _check_column(schema: pa.Schema, path: str, column: str,
         raise JobError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)}); "
                        f"choose the column with {option}")
     t = schema.field(column).type
-    if not type_ok(t):
+    if not (type_ok(t) or pa.types.is_null(t)):  # all null: every row gets its error
         raise JobError(f"{path}: column {column!r} is {t}, expected {want} ({option})")

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import JobConfig, JobError
-from pipeline.schema import check_input_schema
+from pipeline.schema import check_input_schema, schema_difference
 
 _SCAN_BATCH_ROWS = 65_536
 
@@ -96,9 +96,9 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
         if first_schema is None:
             first_schema = schema
             has_id = check_input_schema(schema, path, config)
-        elif not schema.equals(first_schema, check_metadata=False):
-            raise JobError(f"{path}: its schema differs from {files[0].path}'s; every input file "
-                           f"must have the same columns and types")
+        elif (difference := schema_difference(schema, first_schema)) is not None:
+            raise JobError(f"{path}: its schema differs from {files[0].path}'s: {difference}; "
+                           f"every input file must have the same columns and types")
         stat = os.stat(path)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
         files.append(InputFile(path, stat.st_size, stat.st_mtime_ns, meta.num_rows, groups))
@@ -130,7 +130,7 @@ def scan_inputs(files: list[InputFile], config: JobConfig, has_id: bool) -> None
                 if ids.null_count:
                     row = offset + ids.is_null().to_pylist().index(True)
                     raise JobError(f"{f.path}: id column {config.id_column!r} is null at row {row}")
-                hashes.extend(hash(v) for v in ids.to_pylist())
+                hashes.extend(hash(v) for v in _ids(ids, f, offset, config.id_column))
     if has_id and len(hashes) > 1:
         ordered = np.sort(np.frombuffer(hashes, dtype=np.int64))
         repeated = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
@@ -160,6 +160,20 @@ def _iter_file(f: InputFile,
         for batch in batches:
             yield offset, batch
             offset += batch.num_rows
+
+
+def _ids(ids: pa.Array, f: InputFile, offset: int, id_column: str) -> list[Any]:
+    """The ids as Python values; an id that is not valid UTF-8 stops the job, named."""
+    try:
+        return ids.to_pylist()
+    except UnicodeDecodeError:
+        for i in range(len(ids)):
+            try:
+                ids[i].as_py()
+            except UnicodeDecodeError as exc:
+                raise JobError(f"{f.path}: id column {id_column!r} is not valid UTF-8 at row "
+                               f"{offset + i} ({exc.reason} at byte {exc.start})") from None
+        raise
 
 
 def _find_duplicate(files: list[InputFile], id_column: str, hashes: set[int]) -> None:

@@ -27,9 +27,15 @@ def parse_memory_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+# Temperatures below this sample greedily: dividing logits by a smaller one overflows float32
+# (1e-40 gave every token infinite weight), and its distribution is the argmax's anyway.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request is sampled. temperature == 0 means greedy; top_k == 0 means no top-k."""
+    """How one request is sampled. temperature 0 (or below GREEDY_BELOW) means greedy; top_k == 0
+    means no top-k."""
 
     max_tokens: int = 256
     temperature: float = 0.0
@@ -48,10 +54,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not all(self.stop):
+            raise ValueError("stop strings must not be empty (one would end every completion "
+                             "at its first token)")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 # `eaglebatch generate` and `bench` default for EngineConfig.draft_confidence (measured with the

@@ -164,11 +164,18 @@ class Engine:
         """Nothing could be scheduled with nothing running: the head request can never fit."""
         seq = self.scheduler.waiting[0]
         self.scheduler.finish(seq, "error")
-        slots = len(seq.token_ids) + self.scheduler.num_lookahead_tokens
-        need = -(-slots // self.placement.block_size)
+        # what finishing it takes (at least what just failed): every token of the prompt and
+        # the completion, and in its last verification up to k drafts plus the k slots the
+        # drafter writes ahead
+        tokens = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
+        drafts = 2 * self.scheduler.num_lookahead_tokens
+        need = -(-(tokens + drafts) // self.placement.block_size)
         return _completion(seq, error=(
-            f"request needs {need} KV cache blocks ({slots} tokens) but the whole cache has "
-            f"{self.kv_cache_config.num_blocks - 1}; raise --kv-cache-memory"))
+            f"request needs up to {need} KV cache blocks of {self.placement.block_size} tokens "
+            f"to finish ({tokens} tokens of prompt and completion"
+            + (f", {drafts} slots for drafts" if drafts else "")
+            + f") but the whole cache has {self.kv_cache_config.num_blocks - 1}; "
+            "raise --kv-cache-memory"))
 
     def _postprocess(self, out: SchedulerOutput, result: RunnerOutput
                      ) -> tuple[list[Completion], int]:

@@ -13,11 +13,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from runtime.config import GREEDY_BELOW
+
 
 class SamplingTensors(NamedTuple):
     """Sampling parameters of the requests in a batch, one entry per request."""
 
-    temperature: Tensor  # [batch] float32, 0 = greedy
+    temperature: Tensor  # [batch] float32, below GREEDY_BELOW = greedy
     top_k: Tensor  # [batch] int64, 0 = off
     top_p: Tensor  # [batch] float32, 1 = off
     greedy: Tensor  # [batch] bool
@@ -42,7 +44,7 @@ def make_sampling_tensors(
         temperature=temp,
         top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
         top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-        greedy=temp == 0,
+        greedy=temp < GREEDY_BELOW,
         filtered=filtered,
     )
 

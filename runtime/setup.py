@@ -14,7 +14,12 @@ from runtime.config import EngineConfig
 from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu, return_freed_memory
 from runtime.greedy_head import ExactGreedyHead
 from runtime.kv.cache import allocate_kv_caches
-from runtime.kv.groups import KVCacheConfig, make_kv_cache_config, validate_same_kv_cache_group
+from runtime.kv.groups import (
+    KVCacheBudgetError,
+    KVCacheConfig,
+    make_kv_cache_config,
+    validate_same_kv_cache_group,
+)
 from runtime.kv.spec import AttentionSpec
 from runtime.loader import iter_state_dict
 from runtime.model import SUPPORTED_MODEL_TYPES, CausalLM, head_dim_of, layer_windows
@@ -111,4 +116,10 @@ def build_kv_cache(specs: dict[str, AttentionSpec], draft_names: list[str], budg
     kv_config = make_kv_cache_config(specs, budget, draft_names)
     if draft_names:
         validate_same_kv_cache_group(kv_config)  # before any cache tensor exists
-    return kv_config, allocate_kv_caches(kv_config, p.dtype, p.device)
+    try:
+        caches = allocate_kv_caches(kv_config, p.dtype, p.device)
+    except (RuntimeError, MemoryError) as exc:  # torch's out-of-memory errors are RuntimeErrors
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise KVCacheBudgetError(f"cannot allocate a KV cache of {budget} bytes on {p.device} "
+                                 f"({reason})") from None
+    return kv_config, caches

@@ -38,20 +38,22 @@ def tokenize_rows(rows: pa.Table | pa.RecordBatch, tokenizer: Any,
     """One PreparedRow per input row, in order. Never raises for a bad row."""
     if options.messages_column is not None:
         texts = [_render_messages(m, tokenizer)
-                 for m in rows.column(options.messages_column).to_pylist()]
+                 for m in _values(rows, options.messages_column)]
     else:
-        prompts = rows.column(options.prompt_column).to_pylist()
+        prompts = _values(rows, options.prompt_column)
         texts = [_render_prompt(p, tokenizer, options.use_chat_template) for p in prompts]
     token_ids = _tokenize(texts, tokenizer, add_special_tokens=not options.use_chat_template)
-    overrides = {name: rows.column(name).to_pylist()
+    overrides = {name: _values(rows, name)
                  for name in OVERRIDE_COLUMNS if name in rows.schema.names}
     prepared = []
     for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True)):
-        if isinstance(text, _RowError):
-            prepared.append(PreparedRow(None, None, False, text.message))
+        row_overrides = {name: values[i] for name, values in overrides.items()}
+        bad = [v for v in row_overrides.values() if isinstance(v, _RowError)]
+        if isinstance(text, _RowError) or bad:
+            error = text if isinstance(text, _RowError) else bad[0]
+            prepared.append(PreparedRow(None, None, False, error.message))
         else:
             assert ids is not None
-            row_overrides = {name: values[i] for name, values in overrides.items()}
             prepared.append(_prepare(tuple(ids), row_overrides, options))
     return prepared
 
@@ -60,7 +62,27 @@ class _RowError(NamedTuple):
     message: str
 
 
-def _render_prompt(prompt: str | None, tokenizer: Any, use_chat_template: bool) -> str | _RowError:
+def _values(rows: pa.Table | pa.RecordBatch, name: str) -> list[Any]:
+    """The column's values as Python objects. Parquet does not check that strings are UTF-8: a
+    value that is not becomes a _RowError naming the column, and only its row fails."""
+    column = rows.column(name)
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        values: list[Any] = []
+        for i in range(len(column)):
+            try:
+                values.append(column[i].as_py())
+            except UnicodeDecodeError as exc:
+                values.append(_RowError(f"{name} is not valid UTF-8 ({exc.reason} at byte "
+                                        f"{exc.start}: {exc.object[exc.start:exc.start + 4]!r})"))
+        return values
+
+
+def _render_prompt(prompt: str | None | _RowError, tokenizer: Any,
+                   use_chat_template: bool) -> str | _RowError:
+    if isinstance(prompt, _RowError):
+        return prompt
     if prompt is None:
         return _RowError("prompt is null")
     if not prompt.strip():
@@ -70,7 +92,10 @@ def _render_prompt(prompt: str | None, tokenizer: Any, use_chat_template: bool) 
     return _apply_template([{"role": "user", "content": prompt}], tokenizer)
 
 
-def _render_messages(messages: list[dict[str, Any]] | None, tokenizer: Any) -> str | _RowError:
+def _render_messages(messages: list[dict[str, Any]] | None | _RowError,
+                     tokenizer: Any) -> str | _RowError:
+    if isinstance(messages, _RowError):
+        return messages
     if messages is None:
         return _RowError("messages is null")
     if not messages:

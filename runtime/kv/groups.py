@@ -20,6 +20,10 @@ class KVCacheGroupError(ValueError):
     """Draft layers that do not all live in one KV cache group (or are missing from it)."""
 
 
+class KVCacheBudgetError(ValueError):
+    """The KV cache memory budget holds too few blocks, or cannot be allocated."""
+
+
 def target_layer_name(index: int) -> str:
     """Cache name of the target model's layer `index`: target_layer_name(3) == "layers.3"."""
     return f"layers.{index}"
@@ -103,7 +107,7 @@ def make_kv_cache_config(
     bytes_per_block = sum(spec.page_size_bytes for spec in layer_specs.values())
     num_blocks = memory_bytes // bytes_per_block
     if num_blocks < MIN_NUM_BLOCKS:
-        raise ValueError(
+        raise KVCacheBudgetError(
             f"KV cache budget of {memory_bytes} bytes holds {num_blocks} blocks of "
             f"{bytes_per_block} bytes ({len(layer_specs)} layers); at least {MIN_NUM_BLOCKS} "
             f"blocks are needed (block 0 is reserved), i.e. a budget of at least "

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from jobs.cli import main
 from tests.drafter_fixtures import make_random_drafter
-from tests.pipeline.helpers import hidden_files, read_parts, write_parquet
+from tests.pipeline.helpers import hidden_files, not_utf8, read_parts, write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["Paris is the capital of", "The quick brown fox", "To bake bread, mix flour",
@@ -141,6 +141,12 @@ def test_resume_after_losing_a_part_file_regenerates_only_that_shard(
      "--messages-column needs the chat template; drop --no-chat-template"),
     ("parts_without_manifest", (), "{out} holds part-00000.parquet but no manifest.json"),
     ("ok", ("--model", "{tmp}/no-such-model"), "cannot load --model {tmp}/no-such-model: "),
+    ("not_utf8_id", (), "{input}: id column 'id' is not valid UTF-8 at row 1 (invalid start "
+                        "byte at byte 0)"),
+    ("ok", ("--id-column", "error"), "--id-column 'error': {input} has no such column, so ids "
+                                     "would be written to a new one, but that is the name of an "
+                                     "output column"),
+    ("out_is_a_file", (), "OUTPUT_DIR {out} is a file, not a directory"),
 ])
 def test_user_errors_exit_2_with_one_line(tmp_path: Path, setup: str, args: tuple[str, ...],
                                           message: str) -> None:
@@ -152,11 +158,15 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path, setup: str, args: tupl
         write_parquet(path, {"id": ["x", "y", "x"], "prompt": ["a", "b", "c"]})
     elif setup == "corrupt":
         path.write_bytes(b"PAR1 but not really")
+    elif setup == "not_utf8_id":
+        write_parquet(path, {"id": not_utf8(["a", "bb", "c"], 1), "prompt": ["x", "y", "z"]})
     else:
         write_parquet(path, {"id": ["a"], "prompt": ["hi"]})
     if setup == "parts_without_manifest":
         out.mkdir()
         (out / "part-00000.parquet").write_bytes(b"x")
+    if setup == "out_is_a_file":
+        out.write_bytes(b"")
     fmt = {"input": path, "out": out, "tmp": tmp_path}
     argv = ["generate", str(path), str(out), "--model", str(tmp_path / "no-such-model")]
     if "--model" in args:
@@ -172,6 +182,10 @@ def test_bad_option_values_exit_2() -> None:
     assert result.exit_code == 2 and "cannot read memory size 'lots'" in result.output
     result = CliRunner().invoke(main, ["generate", "in", "out", "--top-p", "0"])
     assert result.exit_code == 2
+    result = CliRunner().invoke(main, ["generate", "in", "out", "--stop", "\n", "--stop", ""])
+    assert result.exit_code == 2
+    assert ("Invalid value for --stop: an empty stop string would end every completion at its "
+            "first token") in result.output
 
 
 def test_every_option_has_help() -> None:

@@ -27,3 +27,14 @@ def hidden_files(output_dir: Path) -> list[str]:
     """Hidden files other than the job lock (temp files, if any were left behind)."""
     names = os.listdir(output_dir)
     return sorted(n for n in names if n.startswith(".") and n != ".eaglebatch.lock")
+
+
+def not_utf8(values: list[str | None], bad: int) -> pa.Array:
+    """A string array whose value at `bad` starts with bytes that are not UTF-8 (Parquet does not
+    check; such files exist). The value must be at least two characters long."""
+    array = pa.array(values, pa.string())
+    validity, offsets, data = array.buffers()
+    start = int.from_bytes(offsets.to_pybytes()[4 * bad:4 * bad + 4], "little")
+    raw = bytearray(data.to_pybytes())
+    raw[start:start + 2] = b"\xff\xfe"
+    return pa.Array.from_buffers(pa.string(), len(values), [validity, offsets, pa.py_buffer(raw)])

@@ -213,8 +213,11 @@ def test_rows_the_engine_refuses_are_error_rows(tmp_path: Path, tiny_model_dir: 
     summary = run_job(config, _factory(small), progress=False)
     rows = read_parts(tmp_path / "out").to_pylist()
     assert [r["finish_reason"] for r in rows] == ["length", "error"]
-    assert rows[1]["error"].endswith("raise --kv-cache-memory")
     assert rows[1]["completion"] is None and rows[1]["prompt_tokens"] > 31
+    tokens = rows[1]["prompt_tokens"] + 4
+    assert rows[1]["error"] == (
+        f"request needs up to {-(-tokens // 4)} KV cache blocks of 4 tokens to finish ({tokens} "
+        "tokens of prompt and completion) but the whole cache has 7; raise --kv-cache-memory")
     assert (summary.totals.rows, summary.totals.errors) == (2, 1)
 
 

@@ -1,0 +1,144 @@
+"""Inputs and output directories that broke jobs: strings that are not UTF-8, columns pandas
+writes with Arrow's null type, inputs inside OUTPUT_DIR, a disk that fills up, a temperature so
+small that dividing by it overflows. Real engine on the tiny checkpoint, real Parquet files."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pipeline.shard
+from pipeline.config import JobConfig, JobError
+from pipeline.job import build_engine, run_job
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.request import GenerationRequest
+from tests.pipeline.helpers import not_utf8, read_parts, write_parquet
+
+PROMPTS = ["Paris is the capital of", "The quick brown fox", "To bake bread, mix"]
+
+
+def _config(tmp_path: Path, model_dir: Path, **kw: Any) -> JobConfig:
+    engine = EngineConfig(model=str(model_dir), kv_cache_memory=16 << 20)
+    options = {"input": str(tmp_path / "in"), "output_dir": str(tmp_path / "out"),
+               "shard_rows": 2, "max_tokens": 5, **kw}
+    return JobConfig(engine=engine, **options)
+
+
+def _greedy(engine: Engine, prompt: str, max_tokens: int = 5) -> list[int]:
+    text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                tokenize=False, add_generation_prompt=True)
+    ids = tuple(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+    [done] = engine.generate([GenerationRequest("x", ids, SamplingParams(max_tokens=max_tokens))])
+    return list(done.token_ids)
+
+
+def test_a_prompt_or_stop_string_that_is_not_utf8_fails_only_its_row(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    stops = pa.ListArray.from_arrays(pa.array([0, 1, 1, 2], pa.int32()),
+                                     not_utf8(["§§", "qq"], 1))
+    write_parquet(tmp_path / "in" / "x.parquet",
+                  {"id": ["a", "b", "c"], "prompt": not_utf8(PROMPTS, 1), "stop": stops})
+    summary = run_job(_config(tmp_path, tiny_model_dir), lambda _: tiny_engine, progress=False)
+    # the input columns pass through unchanged, bad bytes included
+    parts = read_parts(tmp_path / "out")
+    assert parts.column("prompt").equals(pa.chunked_array([not_utf8(PROMPTS, 1)]))
+    rows = parts.drop_columns(["prompt", "stop"]).to_pylist()
+    assert [(r["id"], r["finish_reason"], r["error"]) for r in rows] == [
+        ("a", "length", None),
+        ("b", "error", "prompt is not valid UTF-8 (invalid start byte at byte 0: "
+                       "b'\\xff\\xfee ')"),
+        ("c", "error", "stop is not valid UTF-8 (invalid start byte at byte 0: b'\\xff\\xfe')")]
+    assert rows[0]["completion_token_ids"] == _greedy(tiny_engine, PROMPTS[0])
+    assert (summary.totals.rows, summary.totals.errors, summary.complete) == (3, 2, True)
+
+
+def test_all_null_columns_of_arrows_null_type_are_rows_without_values(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    # pandas writes a column of None only as Arrow's null type
+    write_parquet(tmp_path / "in" / "x.parquet",
+                  {"id": ["a", "b"], "prompt": PROMPTS[:2], "max_tokens": pa.nulls(2)})
+    write_parquet(tmp_path / "nulls" / "y.parquet", {"id": ["c"], "prompt": pa.nulls(1)})
+    run_job(_config(tmp_path, tiny_model_dir), lambda _: tiny_engine, progress=False)
+    rows = read_parts(tmp_path / "out").to_pylist()
+    assert [r["completion_token_ids"] for r in rows] == [_greedy(tiny_engine, p)
+                                                         for p in PROMPTS[:2]]
+    run_job(_config(tmp_path, tiny_model_dir, input=str(tmp_path / "nulls"),
+                    output_dir=str(tmp_path / "out2")), lambda _: tiny_engine, progress=False)
+    [row] = read_parts(tmp_path / "out2").to_pylist()
+    assert (row["id"], row["finish_reason"], row["error"]) == ("c", "error", "prompt is null")
+
+
+def test_files_whose_schemas_differ_are_refused_naming_the_column(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    first = write_parquet(tmp_path / "in" / "a.parquet", {"id": ["a"], "prompt": ["hi"]})
+    second = write_parquet(tmp_path / "in" / "b.parquet", {"id": ["b"], "prompt": pa.nulls(1)})
+    with pytest.raises(JobError, match=f"^{second}: its schema differs from {first}'s: column "
+                                       "'prompt' is null, not string; every input file"):
+        run_job(_config(tmp_path, tiny_model_dir), progress=False)
+    write_parquet(second, {"id": ["b"], "prompt": ["x"], "extra": [1]})
+    with pytest.raises(JobError, match="differs from .*: an extra column 'extra'; "):
+        run_job(_config(tmp_path, tiny_model_dir), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_holding_the_input_is_refused_and_nothing_is_deleted(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    both = tmp_path / "in"
+    part = write_parquet(both / "part-00000.parquet", {"id": ["a"], "prompt": ["hi"]})
+    for overwrite in (False, True):
+        config = _config(tmp_path, tiny_model_dir, output_dir=str(both), overwrite=overwrite)
+        with pytest.raises(JobError, match=f"OUTPUT_DIR {both} holds the input file {part}; "):
+            run_job(config, progress=False)
+    assert sorted(os.listdir(both)) == ["part-00000.parquet"]
+    assert pq.read_table(part).to_pylist() == [{"id": "a", "prompt": "hi"}]
+
+
+def test_a_failed_write_names_the_file_and_a_rerun_resumes(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    write_parquet(tmp_path / "in" / "x.parquet", {"id": list("abc"), "prompt": PROMPTS})
+    write_part = pipeline.shard.write_part
+
+    def disk_full_on_the_second(output_dir: str, name: str, table: pa.Table) -> None:
+        if name != "part-00000.parquet":
+            path = os.path.join(output_dir, name)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        write_part(output_dir, name, table)
+
+    monkeypatch.setattr(pipeline.shard, "write_part", disk_full_on_the_second)
+    config = _config(tmp_path, tiny_model_dir)
+    out = tmp_path / "out"
+    with pytest.raises(JobError, match=f"^{out / 'part-00001.parquet'}: No space left on device; "
+                                       "the shards committed so far are kept: rerun"):
+        run_job(config, lambda _: tiny_engine, progress=False)
+    assert sorted(n for n in os.listdir(out) if n.startswith("part-")) == ["part-00000.parquet"]
+    monkeypatch.setattr(pipeline.shard, "write_part", write_part)
+    summary = run_job(config, lambda _: tiny_engine, progress=False)
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (1, 1, True)
+    assert read_parts(out).column("id").to_pylist() == list("abc")
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    write_parquet(tmp_path / "in" / "x.parquet",
+                  {"id": ["a", "b"], "prompt": PROMPTS[:2], "temperature": [None, 1e-40]})
+    run_job(_config(tmp_path, tiny_model_dir, temperature=1e-30, seed=1),
+            lambda _: tiny_engine, progress=False)
+    rows = read_parts(tmp_path / "out").to_pylist()
+    assert [r["completion_token_ids"] for r in rows] == [_greedy(tiny_engine, p)
+                                                         for p in PROMPTS[:2]]
+    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-4).greedy
+
+
+def test_a_kv_cache_budget_that_holds_nothing_names_the_option(tiny_model_dir: Path) -> None:
+    config = EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1024)
+    with pytest.raises(JobError, match="^--kv-cache-memory 1024: KV cache budget of 1024 bytes "
+                                       "holds 0 blocks of "):
+        build_engine(Engine, config)
