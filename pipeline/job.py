@@ -36,7 +36,7 @@ from pipeline.sources import InputFile, InputPlan, Shard, open_inputs, plan_shar
 from pipeline.stages.generate import EngineLike
 from pipeline.stages.tokenize import TokenizeOptions
 from pipeline.stats import Counts, summary_line, total, write_stats
-from runtime.config import EngineConfig
+from runtime.config import EngineConfig, PlacementError
 from runtime.engine import Engine
 from runtime.kv.groups import KVCacheBudgetError
 
@@ -207,6 +207,8 @@ def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfi
     user error naming them."""
     try:
         return factory(config)
+    except PlacementError as exc:
+        raise JobError(str(exc)) from None
     except KVCacheBudgetError as exc:
         raise JobError(f"--kv-cache-memory {config.kv_cache_memory or '(default)'}: "
                        f"{' '.join(str(exc).split())}") from None

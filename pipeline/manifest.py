@@ -49,6 +49,14 @@ class Manifest:
         write_bytes_atomically(os.path.join(output_dir, MANIFEST_FILE), data)
 
 
+class DamagedManifest(JobError):
+    """manifest.json exists but cannot be read."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} is damaged ({reason}); rerun with --overwrite to start over")
+        self.path, self.reason = path, reason
+
+
 def load_manifest(output_dir: str) -> Manifest | None:
     path = os.path.join(output_dir, MANIFEST_FILE)
     if not os.path.exists(path):
@@ -59,7 +67,7 @@ def load_manifest(output_dir: str) -> Manifest | None:
         return Manifest(data["config"], data["inputs"], data["num_shards"],
                         {int(k): Counts.from_json(v) for k, v in data["shards"].items()})
     except (ValueError, KeyError, TypeError) as exc:
-        raise JobError(f"{path} is damaged ({exc}); rerun with --overwrite to start over") from None
+        raise DamagedManifest(path, str(exc)) from None
 
 
 def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dict[str, Any]],

@@ -27,6 +27,11 @@ def parse_memory_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+class PlacementError(ValueError):
+    """The engine cannot run where it was asked to (a device, or an attention backend, that
+    this machine lacks); the message names the option."""
+
+
 # Temperatures below this sample greedily: dividing logits by a smaller one overflows float32
 # (1e-40 gave every token infinite weight), and its distribution is the argmax's anyway.
 GREEDY_BELOW = 1e-5

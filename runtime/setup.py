@@ -10,7 +10,7 @@ from transformers import PretrainedConfig
 
 from runtime.attention import choose_backend_name
 from runtime.attention.flash_backend import FLASH_BLOCK_SIZE
-from runtime.config import EngineConfig
+from runtime.config import EngineConfig, PlacementError
 from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu, return_freed_memory
 from runtime.greedy_head import ExactGreedyHead
 from runtime.kv.cache import allocate_kv_caches
@@ -38,7 +38,7 @@ class Placement(NamedTuple):
 
 def place(config: EngineConfig) -> Placement:
     if config.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but torch sees no CUDA device")
+        raise PlacementError("--device cuda was asked for but torch sees no CUDA device")
     use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
     if config.dtype == "auto":

@@ -8,6 +8,7 @@ A shard's commit time is its part file's modification time (the rename that comm
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.bench import markdown as md
-from pipeline.bench.plots import plot_acceptance, plot_bars, plot_over_time
+from pipeline.bench.plots import (
+    drop_undrawn,
+    plot_acceptance,
+    plot_bars,
+    plot_over_time,
+    report_dir,
+)
 from pipeline.config import JobError
-from pipeline.manifest import MANIFEST_FILE, SUCCESS_FILE, Manifest, load_manifest
+from pipeline.manifest import (
+    MANIFEST_FILE,
+    SUCCESS_FILE,
+    DamagedManifest,
+    Manifest,
+    load_manifest,
+)
 from pipeline.sources import part_name
 from pipeline.stats import STATS_FILE, Counts, total
 from runtime.loader import default_drafter
@@ -30,14 +43,23 @@ _MAX_TABLE_SHARDS = 100
 
 
 def write_job_report(directory: str, out_dir: str) -> Path:
-    manifest = load_manifest(directory)
+    if not os.path.isdir(directory):
+        raise JobError(f"OUTPUT_DIR {directory}: no such directory")
     stats_path = Path(directory) / STATS_FILE
+    try:
+        manifest = load_manifest(directory)
+    except DamagedManifest as exc:
+        if not stats_path.is_file():
+            raise JobError(f"{exc.path} is damaged ({exc.reason}), and there is no {STATS_FILE} "
+                           "to report from") from None
+        print(f"{exc.path} is damaged ({exc.reason}); reporting from {STATS_FILE} alone",
+              file=sys.stderr)
+        manifest = None
     if manifest is None and not stats_path.is_file():
         raise JobError(f"{directory} has no {MANIFEST_FILE}, {STATS_FILE} or bench.parquet: "
                        "not the output of an eaglebatch job or bench")
     shards = _shards(manifest, stats_path)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_dir(Path(out_dir))
     committed = {sid: _committed_at(directory, sid) for sid in shards}
     totals = total(shards.values())
     drawn = {
@@ -47,6 +69,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
                             out / PLOTS["errors"], "Rows with finish_reason 'error' per shard",
                             "shard", "error rows"),
     }
+    drop_undrawn(out, PLOTS, drawn)
     done = os.path.exists(os.path.join(directory, SUCCESS_FILE))
     sections = [_header(directory, manifest, len(shards), done), _totals(totals),
                 _shard_table(shards, committed), _plot_links(drawn)]
@@ -143,7 +166,7 @@ def _totals(c: Counts) -> str:
             ["generation seconds (sum over shards)", md.num(c.wall_seconds)],
             ["output tokens/s", md.num(d["output_tokens_per_s"])]]
     if c.drafted:
-        positions = " ".join(f"{v:.2f}" for v in d["per_position_acceptance"])
+        positions = " ".join(md.pct(v) for v in d["per_position_acceptance"])
         rows += [["acceptance rate", md.pct(d["acceptance_rate"])],
                  ["mean acceptance length", md.num(d["mean_acceptance_length"], 2)],
                  ["acceptance by position", positions or "–"]]

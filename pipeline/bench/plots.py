@@ -29,6 +29,26 @@ _SIZE = (7.0, 4.2)
 _DPI = 110
 
 
+def report_dir(out: Path) -> Path:
+    """`out`, made a directory if it is not one; a file there is a user error naming --out."""
+    from pipeline.config import JobError  # noqa: PLC0415
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JobError(f"--out {out}: cannot make it a directory "
+                       f"({exc.strerror or exc})") from None
+    return out
+
+
+def drop_undrawn(out: Path, plots: dict[str, str], drawn: dict[str, Series | None]) -> None:
+    """Removes the PNGs of plots not drawn this time: an earlier report's would stay beside a
+    report.md that says they were not drawn."""
+    for name, file in plots.items():
+        if drawn.get(name) is None:
+            (out / file).unlink(missing_ok=True)
+
+
 def _save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=_DPI)

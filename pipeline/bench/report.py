@@ -22,7 +22,13 @@ from pipeline.bench.aggregate import (
     summarize,
 )
 from pipeline.bench.metrics import BENCH_FILE, CEILING, ENGINE, TRANSFORMERS, variant_label
-from pipeline.bench.plots import plot_acceptance, plot_speedup, plot_throughput
+from pipeline.bench.plots import (
+    drop_undrawn,
+    plot_acceptance,
+    plot_speedup,
+    plot_throughput,
+    report_dir,
+)
 
 REPORT_FILE = "report.md"
 PLOTS = {"throughput": "tokens_per_s_by_batch.png", "speedup": "speedup_by_k.png",
@@ -33,9 +39,8 @@ def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
     """Reads bench_dir/bench.parquet; writes report.md and the PNGs to out_dir (or bench_dir)."""
     from pipeline.bench.runner import read_bench_parquet  # noqa: PLC0415  (runner imports us)
 
-    out = Path(out_dir or bench_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rows, meta = read_bench_parquet(Path(bench_dir) / BENCH_FILE)
+    out = report_dir(Path(out_dir or bench_dir))
     summaries = summarize(rows)
     drawn = {
         "throughput": plot_throughput(summaries, out / PLOTS["throughput"]),
@@ -43,12 +48,19 @@ def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
         "acceptance": plot_acceptance({f"k={k}": c for k, c in acceptance_by_k(rows).items()},
                                       out / PLOTS["acceptance"]),
     }
+    drop_undrawn(out, PLOTS, drawn)
     sections = [_header(meta), equality_section(rows, meta), _throughput(summaries),
                 _ratios(summaries), _acceptance(rows, meta), _bandwidth(summaries, meta),
                 _plots(drawn), _DEFINITIONS]
     path = out / REPORT_FILE
     path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
     return path
+
+
+def remove_report(out: Path) -> None:
+    """Removes report.md and the plots: they describe an earlier bench.parquet."""
+    for name in (REPORT_FILE, *PLOTS.values()):
+        (out / name).unlink(missing_ok=True)
 
 
 def _header(meta: dict[str, Any]) -> str:
@@ -68,10 +80,10 @@ def _header(meta: dict[str, Any]) -> str:
         f"- batch sizes {config.get('batch_sizes')}, k {config.get('ks')} (k = 0: no drafter), "
         f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size"
         f"{_turns(meta)}",
-        f"- attention backend: {meta.get('attention_backend', 'torch')}; drafts cut below "
-        f"drafter confidence {config.get('draft_confidence', 0.0)} (0: always k drafts); drafter "
-        f"weights {_drafter_weights(config, meta)}; n-gram lookup "
-        f"drafts {_lookups(config)}",
+        f"- attention backend: {meta.get('attention_backend', 'torch')}"
+        + (f"; drafts cut below drafter confidence {config.get('draft_confidence', 0.0)} (0: "
+           f"always k drafts); drafter weights {_drafter_weights(config, meta)}; n-gram lookup "
+           f"drafts {_lookups(config)}" if any(k > 0 for k in config.get("ks", ())) else ""),
     ]
     if not _on_cuda(meta) and "huge_pages" in meta:
         lines.append("- the engines' packed weights in transparent huge pages" if meta["huge_pages"]
@@ -100,7 +112,8 @@ def _header(meta: dict[str, Any]) -> str:
 
 
 def _turns(meta: dict[str, Any]) -> str:
-    if meta.get("batch1_turns") == "request":
+    if meta.get("batch1_turns") == "request" and 1 in meta.get("config", {}).get("batch_sizes",
+                                                                                 [1]):
         return (" (at batch size 1 request by request, each run's clock stopped while the others"
                 " run)")
     return ""
@@ -262,7 +275,11 @@ def _acceptance(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
           *["" for _ in range(longest - len(d["per_position_acceptance"]))]]
          for k, c in by_k.items() for d in [c.derived()]])
     note = " (random weights: meaningless)" if meta.get("random_weights") else ""
-    return f"## Acceptance (all batch sizes and repeats){note}\n\n{table}"
+    beyond = [k for k, c in by_k.items() if len(c.accepted_per_position) > k]
+    lookups = (f"\n\nPositions past k (k = {', '.join(map(str, beyond))}): n-gram lookup drafts, "
+               "of which a greedy request alone in its step may take more than k "
+               "(`--draft-ngram-tokens`)." if beyond else "")
+    return f"## Acceptance (all batch sizes and repeats){note}\n\n{table}{lookups}"
 
 
 def _bandwidth(summaries: dict[Key, Summary], meta: dict[str, Any]) -> str:

@@ -46,10 +46,10 @@ from pipeline.bench.metrics import (
     variant_label,
 )
 from pipeline.bench.models import BenchModels, resolve_models
-from pipeline.bench.report import write_bench_report
+from pipeline.bench.report import remove_report, write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
 from pipeline.config import JobError
-from runtime.config import EngineConfig
+from runtime.config import EngineConfig, PlacementError
 from runtime.engine import Engine
 from runtime.huge_pages import huge_pages_available
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
@@ -61,12 +61,23 @@ SCRATCH_PREFIX = ".bench-models-"
 
 
 def run_bench(config: BenchConfig) -> Path:
-    """Run the benchmark of `config`; returns the path of report.md."""
+    """Run the benchmark of `config`; returns the path of report.md. A bench that fails leaves
+    no --out directory behind where there was none."""
     out = Path(config.out)
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file there, no permission, ...
         raise JobError(f"--out {config.out}: cannot make it a directory ({exc.strerror})") from None
+    try:
+        return _run_bench(config, out)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _run_bench(config: BenchConfig, out: Path) -> Path:
     base = EngineConfig(dtype=config.dtype, device=config.device,
                         kv_cache_memory=config.kv_cache_memory,
                         max_num_batched_tokens=config.max_num_batched_tokens,
@@ -77,7 +88,10 @@ def run_bench(config: BenchConfig) -> Path:
                         draft_ngram_tokens=config.draft_ngram_tokens,
                         attention_backend=config.attention_backend,
                         cuda_graphs=config.cuda_graphs)
-    p = place(base)
+    try:
+        p = place(base)
+    except PlacementError as exc:
+        raise JobError(str(exc)) from None
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process
     _remove_stale_scratch(out)
@@ -113,6 +127,8 @@ def run_bench(config: BenchConfig) -> Path:
             for repeat, record in records:
                 rows.append(bench_row(record, len(rows), repeat,
                                       Agreement(reference, record.outputs)))
+            if batch_size == config.batch_sizes[0]:  # an earlier bench's report is not this one's
+                remove_report(out)
             write_bench_parquet(out / BENCH_FILE, rows, meta)
     return write_bench_report(str(out))
 
@@ -197,8 +213,16 @@ def write_bench_parquet(path: Path, rows: list[dict[str, Any]], meta: dict[str, 
 
 
 def read_bench_parquet(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    table = pq.read_table(path)
-    meta = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
+    try:
+        table = pq.read_table(path)
+        meta = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise JobError(f"{path}: cannot read it as a bench's Parquet file "
+                       f"({' '.join(str(exc).split())})") from None
+    missing = [n for n in BENCH_SCHEMA.names if n not in table.column_names]
+    if missing:
+        raise JobError(f"{path} lacks the column(s) {', '.join(missing[:5])}: not the "
+                       "bench.parquet of an eaglebatch bench")
     return table.to_pylist(), meta
 
 

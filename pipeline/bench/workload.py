@@ -64,6 +64,8 @@ def read_prompts(path: str, column: str, limit: int | None) -> pa.Table:
         rows += batch.num_rows
         if limit is not None and rows >= limit:
             break
+    if rows == 0:
+        raise JobError(f"--prompts {path} has no rows")
     table = pa.Table.from_batches(batches, schema=pa.schema([source.schema_arrow.field(column)]))
     return table.slice(0, limit) if limit is not None else table
 
@@ -80,5 +82,6 @@ def build_workload(table: pa.Table, column: str, tokenizer: Any, max_model_len: 
         prompts.append(row.prompt_token_ids)
         limits.append(row.params.max_tokens)
     if not prompts:
-        raise JobError(f"none of the {table.num_rows} prompts could be tokenized")
+        raise JobError(f"--prompts: none of the {table.num_rows} prompts in column {column!r} "
+                       "could be tokenized (null, empty, or too long for the model's context)")
     return Workload(prompts, limits, ignore_eos, table.num_rows - len(prompts))

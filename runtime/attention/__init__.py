@@ -10,6 +10,7 @@ from runtime.attention.cpu_backend import CpuAttentionBackend
 from runtime.attention.flash_backend import FlashAttentionBackend, load_flash_attn
 from runtime.attention.metadata import AttentionMetadata, build_attention_metadata
 from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.config import PlacementError
 from runtime.cpu_kernels import load_cpu_kernels
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "build_attention_metadata",
@@ -27,10 +28,10 @@ def choose_backend_name(requested: str, device: torch.device) -> str:
     """auto: flash on CUDA when flash-attn imports; on the CPU, cpu when its kernel builds;
     else torch."""
     if requested == "flash" and (device.type != "cuda" or load_flash_attn() is None):
-        raise RuntimeError("--attention-backend flash needs CUDA and the flash-attn package "
+        raise PlacementError("--attention-backend flash needs CUDA and the flash-attn package "
                            "(pip install -e .[gpu])")
     if requested == "cpu" and (device.type != "cpu" or not load_cpu_kernels()):
-        raise RuntimeError("--attention-backend cpu needs the CPU device and a C++ compiler "
+        raise PlacementError("--attention-backend cpu needs the CPU device and a C++ compiler "
                            "to build its kernel (see the warning above)")
     if requested == "auto":
         if device.type == "cuda":

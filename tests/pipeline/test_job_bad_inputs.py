@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -141,4 +142,12 @@ def test_a_kv_cache_budget_that_holds_nothing_names_the_option(tiny_model_dir: P
     config = EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1024)
     with pytest.raises(JobError, match="^--kv-cache-memory 1024: KV cache budget of 1024 bytes "
                                        "holds 0 blocks of "):
+        build_engine(Engine, config)
+
+
+def test_an_attention_backend_this_machine_lacks_names_the_option(tiny_model_dir: Path) -> None:
+    config = EngineConfig(model=str(tiny_model_dir), device="cpu", attention_backend="flash")
+    with pytest.raises(JobError, match=re.escape(
+            "--attention-backend flash needs CUDA and the flash-attn package (pip install -e "
+            ".[gpu])")):
         build_engine(Engine, config)

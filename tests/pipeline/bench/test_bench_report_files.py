@@ -1,0 +1,103 @@
+"""What `bench` and `report` leave on disk and say when something is wrong: no stale plots
+beside a report that did not draw them, no empty --out after a refusal, one-line errors for
+damaged or foreign files, impossible devices and a missing directory."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from jobs.cli import main
+from pipeline.manifest import Manifest
+from pipeline.stats import Counts, write_stats
+from tests.pipeline.bench.conftest import run_bench_cli
+
+SPEEDUP, ACCEPTANCE = "speedup_by_k.png", "acceptance_by_position.png"
+
+
+def _report(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["report", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_later_bench_without_drafts_leaves_no_plots_of_the_earlier_one(
+        bench_dir: Path, tiny_model_dir: Path, prompts_file: Path, tmp_path: Path,
+        one_thread_module: None) -> None:
+    out = tmp_path / "again"
+    shutil.copytree(bench_dir, out)
+    assert (out / SPEEDUP).is_file() and (out / ACCEPTANCE).is_file()
+    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                           "--out", str(out), "--batch-sizes", "2", "--k", "0", "--repeats",
+                           "1", "--max-tokens", "2", "--baseline", "none")
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    assert "- speedup: not drawn" in report and "- acceptance: not drawn" in report
+    assert not (out / SPEEDUP).exists() and not (out / ACCEPTANCE).exists()
+    assert (out / "tokens_per_s_by_batch.png").is_file()
+    # the header speaks of what ran: no batch-1 turns, no drafter settings
+    assert "request by request" not in report and "drafter confidence" not in report
+
+
+def test_a_refused_bench_leaves_no_out_directory(tiny_model_dir: Path, prompts_file: Path,
+                                                 tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    missing = tmp_path / "missing.parquet"
+    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(missing),
+                           "--out", str(out), "--k", "0")
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: --prompts {missing}: ")
+    assert not out.exists()
+    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                           "--out", str(out), "--k", "0", "--device", "cpu",
+                           "--attention-backend", "flash")
+    assert (result.exit_code, result.stderr) == (
+        2, "error: --attention-backend flash needs CUDA and the flash-attn package "
+           "(pip install -e .[gpu])\n")
+    assert not out.exists()
+
+
+def test_report_refuses_damaged_and_foreign_bench_files_and_out_files(
+        bench_dir: Path, tmp_path: Path) -> None:
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "bench.parquet").write_text("junk")
+    code, _, stderr = _report(str(damaged))
+    assert code == 2
+    assert stderr.startswith(f"error: {damaged / 'bench.parquet'}: cannot read it as a bench's "
+                             "Parquet file (")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    write_stats(str(foreign), {0: Counts(rows=1)})
+    shutil.move(foreign / "stats.parquet", foreign / "bench.parquet")
+    code, _, stderr = _report(str(foreign))
+    assert (code, stderr) == (2, f"error: {foreign / 'bench.parquet'} lacks the column(s) "
+                                 "order, repeat, batch_size, variant, k: not the bench.parquet of "
+                                 "an eaglebatch bench\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    code, _, stderr = _report(str(bench_dir), "--out", str(a_file))
+    assert (code, stderr) == (2, f"error: --out {a_file}: cannot make it a directory (File "
+                                 "exists)\n")
+    code, _, stderr = _report(str(tmp_path / "nowhere"))
+    assert (code, stderr) == (2, f"error: OUTPUT_DIR {tmp_path / 'nowhere'}: no such "
+                                 "directory\n")
+
+
+def test_a_job_report_with_a_damaged_manifest_comes_from_stats_parquet(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    shards = {0: Counts(rows=4, errors=1, prompt_tokens=20, completion_tokens=30,
+                        wall_seconds=1.5)}
+    Manifest({"model": "m"}, [], 2, shards).save(str(job))
+    write_stats(str(job), shards)
+    (job / "manifest.json").write_text("{")
+    code, _, stderr = _report(str(job))
+    assert code == 0, stderr
+    assert stderr.startswith(f"{job / 'manifest.json'} is damaged (")
+    assert stderr.endswith("); reporting from stats.parquet alone\n")
+    assert "| rows | 4 |" in (job / "report.md").read_text()
+    (job / "stats.parquet").unlink()
+    code, _, stderr = _report(str(job))
+    assert code == 2 and stderr.endswith("), and there is no stats.parquet to report from\n")
+    assert "--overwrite" not in stderr
