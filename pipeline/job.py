@@ -77,37 +77,52 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
     plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
     _check_output_dir(config.output_dir, files)
     scan_inputs(plan.files, config, plan.has_id_column)
+    created = not os.path.exists(config.output_dir)
     try:
         os.makedirs(config.output_dir, exist_ok=True)
     except OSError as exc:
         raise JobError(f"cannot create OUTPUT_DIR {config.output_dir} ({_reason(exc)})") from None
-    with _locked(config.output_dir), _naming_write_errors():
-        manifest = _manifest_for(config, plan)
-        with runner(config, plan, engine_factory) as run_shards:
-            resumed = _prepare_output_dir(config, manifest)
-            seconds_before = total(manifest.shards.values()).wall_seconds
-            pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
-            bar = Progress(sum(s.num_rows for s in plan.shards),
-                           sum(s.num_rows for s in plan.shards if s.shard_id in manifest.shards),
-                           enabled=progress)
-            start = time.monotonic()
-            try:
-                with _stop_on_signals() as stop:
-                    hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
-                    for shard_id, counts in run_shards(pending, hooks):
-                        manifest.shards[shard_id] = counts
-                        manifest.save(config.output_dir)
-                        write_stats(config.output_dir, manifest.shards)
-            finally:
-                bar.close()
-            elapsed = time.monotonic() - start
-        if manifest.complete:
-            write_bytes_atomically(os.path.join(config.output_dir, SUCCESS_FILE), b"")
-    summary = JobSummary(total(manifest.shards.values()), manifest.num_shards, resumed,
-                         len(pending), manifest.complete,
-                         None if config.ray is None else seconds_before + elapsed)
+    try:
+        with _locked(config.output_dir), _naming_write_errors():
+            summary = _run_locked(config, plan, runner, engine_factory, progress)
+    except BaseException:
+        # refused before it wrote anything (the model would not load, say): leave no trace
+        if created and os.listdir(config.output_dir) == [LOCK_FILE]:
+            os.remove(os.path.join(config.output_dir, LOCK_FILE))
+            os.rmdir(config.output_dir)
+        raise
     print(summary.line)
     return summary
+
+
+def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
+                engine_factory: Callable[[EngineConfig], EngineLike],
+                progress: bool) -> JobSummary:
+    """The job's shards, in OUTPUT_DIR locked for it."""
+    manifest = _manifest_for(config, plan)
+    with runner(config, plan, engine_factory) as run_shards:
+        resumed = _prepare_output_dir(config, manifest)
+        seconds_before = total(manifest.shards.values()).wall_seconds
+        pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
+        bar = Progress(sum(s.num_rows for s in plan.shards),
+                       sum(s.num_rows for s in plan.shards if s.shard_id in manifest.shards),
+                       enabled=progress)
+        start = time.monotonic()
+        try:
+            with _stop_on_signals() as stop:
+                hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
+                for shard_id, counts in run_shards(pending, hooks):
+                    manifest.shards[shard_id] = counts
+                    manifest.save(config.output_dir)
+                    write_stats(config.output_dir, manifest.shards)
+        finally:
+            bar.close()
+        elapsed = time.monotonic() - start
+    if manifest.complete:
+        write_bytes_atomically(os.path.join(config.output_dir, SUCCESS_FILE), b"")
+    return JobSummary(total(manifest.shards.values()), manifest.num_shards, resumed,
+                      len(pending), manifest.complete,
+                      None if config.ray is None else seconds_before + elapsed)
 
 
 def _check_output_dir(output_dir: str, files: list[InputFile]) -> None:

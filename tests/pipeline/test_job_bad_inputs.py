@@ -151,3 +151,16 @@ def test_an_attention_backend_this_machine_lacks_names_the_option(tiny_model_dir
             "--attention-backend flash needs CUDA and the flash-attn package (pip install -e "
             ".[gpu])")):
         build_engine(Engine, config)
+
+
+def test_a_job_refused_at_its_model_leaves_no_output_dir(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "in" / "x.parquet", {"id": ["a"], "prompt": ["hi"]})
+    missing = tmp_path / "no-model"
+    config = _config(tmp_path, missing)
+    with pytest.raises(JobError, match=f"^cannot load --model {missing}: "):
+        run_job(config, progress=False)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()  # a directory that was there stays
+    with pytest.raises(JobError, match=f"^cannot load --model {missing}: "):
+        run_job(config, progress=False)
+    assert os.listdir(tmp_path / "out") == [".eaglebatch.lock"]
