@@ -15,7 +15,6 @@ from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, res
 from runtime.model import CausalLM, layer_windows
 from runtime.model_runner import ModelRunner, RunnerOutput
 from runtime.request import Completion, GenerationRequest
-from runtime.sampler import make_generator
 from runtime.scheduler import Scheduler, SchedulerOutput
 from runtime.sequence import Sequence
 from runtime.setup import (
@@ -156,7 +155,6 @@ class Engine:
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
         seq = Sequence(request.request_id, list(request.prompt_token_ids), request.params,
                        self._arrivals, self.config.num_speculative_tokens)
-        seq.generator = make_generator(request.params.seed, self.placement.device)
         self._arrivals += 1
         return seq
 

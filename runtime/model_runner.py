@@ -12,12 +12,12 @@ from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
 from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
-from runtime.sampler import make_sampling_tensors, target_probs
+from runtime.sampler import make_sampling_tensors, position_uniforms, target_probs
 from runtime.scheduler import SchedulerOutput
 from runtime.speculative.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     greedy_verify,
-    rejection_sample,
+    sample_and_verify,
 )
 
 
@@ -43,7 +43,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.proposer = proposer
-        # Fixed draft width for the sampler (its random draws per request depend on it).
+        # the most drafts a request verifies in a step: the sampler's rows are this + 1 wide
         self.draft_width = num_speculative_tokens if proposer is not None else 0
         # greedy steps: the argmax without the full float32 head, same bits (runtime.greedy_head)
         self.exact_head = ExactGreedyHead.for_head(model.lm_head)
@@ -101,8 +101,10 @@ class ModelRunner:
                                    [s.params.top_p for s in seqs], self.device)
         logits = self.model.compute_logits(selected)
         probs = target_probs(logits.index_select(0, padded_index), st, width + 1)
-        sampled = rejection_sample(drafts, num_drafts, None, probs, st.greedy,
-                                   [s.generator for s in seqs])
+        # each emitted token's uniform, keyed by its index in the sequence
+        uniforms = position_uniforms([s.params.seed for s in seqs],
+                                     [len(s.token_ids) for s in seqs], width + 1, self.device)
+        sampled = sample_and_verify(drafts, num_drafts, probs, st.greedy, uniforms)
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
 
 

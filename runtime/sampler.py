@@ -1,8 +1,9 @@
 """Per-request sampling parameters as tensors, and the target distribution they define.
 
 The runner builds one SamplingTensors per step (make_sampling_tensors), turns the target's logits
-into probabilities with target_probs(), and hands those to rejection_sample(), which emits every
-token: plain decoding is rejection sampling with zero draft tokens.
+into probabilities with target_probs(), and hands those with each token's uniform
+(position_uniforms) to sample_and_verify(), which emits every token: plain decoding is
+verification with zero draft tokens.
 """
 
 from __future__ import annotations
@@ -49,14 +50,40 @@ def make_sampling_tensors(
     )
 
 
-def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    """A request's own generator: same seed -> same tokens, whatever the batch.
-    None (no seed) means the request draws from the global RNG."""
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
+def position_uniforms(seeds: Sequence[int | None], starts: Sequence[int], width: int,
+                      device: torch.device | str) -> Tensor:
+    """[batch, width] float64 in [0, 1): row b's j-th is the uniform for the token at index
+    starts[b] + j of request b's sequence (prompt included), which draw_tokens turns into a
+    token. For a seeded request it is a hash of (seed, index): a seeded request draws the same
+    for each of its tokens whatever else runs, however many drafts a step verifies, and after a
+    preemption. Unseeded requests draw from torch's global RNG."""
+    if not len(seeds) == len(starts):
+        raise ValueError(f"got {len(seeds)} seeds and {len(starts)} starts")
+    out = torch.empty(len(seeds), width, dtype=torch.float64)
+    unseeded = [b for b, seed in enumerate(seeds) if seed is None]
+    if unseeded:
+        out[unseeded] = torch.rand(len(unseeded), width, dtype=torch.float64)
+    for b, (seed, start) in enumerate(zip(seeds, starts, strict=True)):
+        if seed is not None:
+            out[b] = torch.tensor([_uniform(seed, start + j) for j in range(width)],
+                                  dtype=torch.float64)
+    return out.to(device)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit ints that scatters every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _uniform(seed: int, index: int) -> float:
+    """A uniform in [0, 1) from the top 53 bits of a hash of (seed, index)."""
+    z = _mix((_mix(seed & _MASK) + (index + 1) * 0x9E3779B97F4A7C15) & _MASK)
+    return (z >> 11) / float(1 << 53)
 
 
 def target_probs(logits: Tensor, st: SamplingTensors, positions_per_row: int) -> Tensor:
@@ -65,7 +92,7 @@ def target_probs(logits: Tensor, st: SamplingTensors, positions_per_row: int) ->
     logits: [batch * positions_per_row, vocab], the rows of one request adjacent
       (request b owns rows b * positions_per_row ... (b + 1) * positions_per_row - 1).
     Returns [batch, positions_per_row, vocab] float32. Greedy rows get a one-hot at the argmax
-    of the raw logits, so rejection_sample treats every row the same way.
+    of the raw logits, so sample_and_verify treats every row the same way.
     top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p (the top
     token is always kept); top-k keeps exactly k tokens (ties broken by vocab order).
     """

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import enum
 
-import torch
-
 from runtime.config import SamplingParams
 from runtime.speculative.ngram import NgramIndex
 
@@ -22,8 +20,8 @@ class Sequence:
     token is fed in the next step). draft_token_ids are proposals to verify in the next step."""
 
     __slots__ = ("request_id", "params", "token_ids", "num_prompt_tokens", "num_computed_tokens",
-                 "draft_token_ids", "status", "finish_reason", "stop_string", "generator",
-                 "arrival", "num_drafted", "num_accepted", "num_draft_steps",
+                 "draft_token_ids", "status", "finish_reason", "stop_string", "arrival",
+                 "num_drafted", "num_accepted", "num_draft_steps",
                  "accepted_per_position", "num_preemptions", "ngram_index")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -37,7 +35,6 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.stop_string: str | None = None
-        self.generator: torch.Generator | None = None  # set by the engine when seeded
         self.arrival = arrival
         self.num_drafted = 0
         self.num_accepted = 0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from runtime.sampler import make_generator, make_sampling_tensors, target_probs
+from runtime.sampler import make_sampling_tensors, position_uniforms, target_probs
 
 
 def log_probs(*probs: float) -> torch.Tensor:  # [1, vocab]
@@ -106,8 +106,15 @@ def test_target_probs_rejects_bad_row_count() -> None:
         target_probs(torch.zeros(5, 4), st, positions_per_row=2)
 
 
-def test_make_generator() -> None:
-    assert make_generator(None, "cpu") is None
-    a, b = make_generator(7, "cpu"), make_generator(7, "cpu")
-    assert a is not None and b is not None
-    assert torch.rand(3, generator=a).tolist() == torch.rand(3, generator=b).tolist()
+def test_position_uniforms_are_keyed_by_seed_and_token_index() -> None:
+    u = position_uniforms([7, 7, 8, None], [10, 12, 10, 10], 4, "cpu")
+    assert u.shape == (4, 4) and u.dtype == torch.float64
+    assert ((u >= 0) & (u < 1)).all()
+    assert torch.equal(u[0, 2:], u[1, :2])  # the same seed and token index, the same uniform
+    assert len(set(u[0].tolist()) | set(u[2].tolist())) == 8  # other seed, other indices
+    again = position_uniforms([None, 7], [0, 11], 2, "cpu")
+    assert torch.equal(again[1], u[0, 1:3])  # whatever else is in the batch
+    # roughly uniform over many indices and seeds
+    many = position_uniforms(list(range(200)), [0] * 200, 50, "cpu").flatten()
+    assert abs(many.mean().item() - 0.5) < 0.01
+    assert abs((many < 0.1).double().mean().item() - 0.1) < 0.01

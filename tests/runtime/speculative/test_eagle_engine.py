@@ -210,3 +210,30 @@ def test_drafter_layer_stack_gives_its_layers_bits(
     assert all(torch.equal(a, b) for a, b in zip(hidden[True], hidden[False], strict=True))
     baseline = run(model, prompts, kv_cache_memory=1 << 20, dtype="float32")[1]
     assert tokens[True] == tokens[False] == {k: c.token_ids for k, c in baseline.items()}
+
+
+def test_a_seeded_sample_is_the_same_with_or_without_drafts_whatever_the_batch(
+        tiny_model_dir: Path, prompts: list[list[int]], tmp_path: Path) -> None:
+    """Each token is drawn from its own uniform (seed, token index): drafts, the token budget
+    cutting them, and preemptions change how tokens are found, never which."""
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=2)
+    requests = [GenerationRequest(str(i), tuple(p), SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True))
+        for i, p in enumerate(prompts)]
+
+    def run(**engine_kw: object) -> tuple[Engine, dict[str, tuple[int, ...]]]:
+        engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, **engine_kw))  # type: ignore[arg-type]
+        return engine, {c.request_id: tuple(c.token_ids) for c in engine.generate(requests)}
+
+    _, plain = run(kv_cache_memory=1 << 20)
+    _, alone = run(kv_cache_memory=1 << 20, max_num_seqs=1)
+    assert alone == plain
+    drafted = dict(drafter=str(drafter), num_speculative_tokens=3, draft_confidence=0.0)
+    for engine_kw in ({"kv_cache_memory": 1 << 20},
+                      {"kv_cache_memory": 1 << 20, "max_num_batched_tokens": 5},
+                      {"kv_cache_memory": 24 * 4096}):  # 24 blocks of 4 tokens for 4 layers
+        engine, out = run(**drafted, **engine_kw)
+        assert out == plain, engine_kw
+        if engine_kw["kv_cache_memory"] < 1 << 20:
+            assert engine.scheduler.num_preemptions > 0
+    assert len({toks for toks in plain.values()}) == len(prompts)

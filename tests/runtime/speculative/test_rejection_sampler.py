@@ -1,3 +1,5 @@
+"""sample_and_verify: drafts accepted while they equal the target's own draw at their position."""
+
 from __future__ import annotations
 
 import pytest
@@ -5,8 +7,10 @@ import torch
 
 from runtime.speculative.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
+    draw_tokens,
+    greedy_verify,
     num_accepted,
-    rejection_sample,
+    sample_and_verify,
 )
 
 P = PLACEHOLDER_TOKEN_ID
@@ -31,16 +35,15 @@ def sample(
     num_draft: list[int],
     target: torch.Tensor,
     greedy: list[bool],
-    draft_probs: torch.Tensor | None = None,
-    generators: list[torch.Generator | None] | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> list[list[int]]:
-    out = rejection_sample(
+    batch, positions = target.shape[:2]
+    out = sample_and_verify(
         torch.tensor(drafts, dtype=torch.int64).view(len(drafts), -1),
         torch.tensor(num_draft),
-        draft_probs,
         target,
         torch.tensor(greedy),
-        generators if generators is not None else [None] * len(drafts),
+        uniforms if uniforms is not None else torch.rand(batch, positions, dtype=torch.float64),
     )
     assert out.dtype == torch.int64
     return out.tolist()
@@ -71,8 +74,9 @@ def test_greedy_mismatch_in_the_middle() -> None:
 
 def test_zero_draft_tokens_is_plain_greedy_sampling() -> None:
     target = greedy_target([[5], [2]])
-    out = rejection_sample(torch.empty(2, 0, dtype=torch.int64), torch.zeros(2, dtype=torch.int64),
-                           None, target, torch.tensor([True, True]), [None, None])
+    out = sample_and_verify(torch.empty(2, 0, dtype=torch.int64),
+                            torch.zeros(2, dtype=torch.int64), target, torch.tensor([True, True]),
+                            torch.rand(2, 1, dtype=torch.float64))
     assert out.tolist() == [[5], [2]]
 
 
@@ -94,138 +98,101 @@ def test_drafts_beyond_num_draft_tokens_are_ignored() -> None:
     assert sample([[3, 1, 4]], [2], greedy_target([[3, 1, 7, 6]]), [True]) == [[3, 1, 7, P]]
 
 
-def test_greedy_row_ignores_draft_probs_and_noise() -> None:
-    target = greedy_target([[3, 1, 4]])
-    draft_probs = torch.full((1, 2, VOCAB), 1.0 / VOCAB)
-    assert sample([[3, 2]], [2], target, [True], draft_probs) == [[3, 1, P]]
+def test_greedy_row_ignores_its_uniforms() -> None:
+    target = torch.softmax(torch.tensor([[[0.0, 1, 3, 2, 0, 0, 0, 0]] * 3]), -1)  # argmax 2
+    for u in (0.0, 0.5, 0.999):
+        uniforms = torch.full((1, 3), u, dtype=torch.float64)
+        assert sample([[2, 5]], [2], target, [True], uniforms) == [[2, 2, P]]
 
 
-# ---- random rows, exact where the probabilities force the outcome ----------------------------
+# ---- random rows: the inverse distribution function ------------------------------------------
 
-def test_random_row_accepts_where_the_target_agrees_and_rejects_a_zero_probability_token() -> None:
-    # Row 0 target is one-hot at the drafts -> always accepted; bonus is forced to 6.
-    # Row 1 target gives the draft 0 probability -> always rejected; recovered is forced to 4.
-    target = torch.stack([one_hot_rows(3, 1, 6), one_hot_rows(4, 0, 0)])
-    draft_probs = torch.stack([one_hot_rows(3, 1), one_hot_rows(2, 1)])
-    for _ in range(20):
-        assert sample([[3, 1], [2, 1]], [2, 2], target, [False, False], draft_probs) == [
-            [3, 1, 6], [4, P, P]]
-
-
-def test_residual_without_mass_falls_back_to_the_target() -> None:
-    # p_t = p_d / 2 (unnormalised input): half the drafts are rejected, and the residual
-    # max(0, p_t - p_d) is all zero, so the recovered token comes from p_t: 5 or 6, never 0.
-    p_d = torch.zeros(VOCAB)
-    p_d[[5, 6]] = 0.5
-    target = (p_d / 2).expand(400, 2, VOCAB)
-    draft_probs = p_d.expand(400, 1, VOCAB)
-    drafts = torch.multinomial(p_d, 400, replacement=True).unsqueeze(-1)
-    out = rejection_sample(drafts, torch.ones(400, dtype=torch.int64), draft_probs, target,
-                           torch.zeros(400, dtype=torch.bool), [None] * 400)
-    assert set(out[:, 0].tolist()) == {5, 6}
-    assert 0 < (out[:, 1] == P).sum().item() < 400  # some rows were rejected
+def test_draws_invert_the_distribution_function_and_skip_tokens_without_mass() -> None:
+    probs = torch.tensor([0.25, 0.0, 0.25, 0.5, 0.0])  # cumulative 0.25, 0.25, 0.5, 1.0, 1.0
+    u = torch.tensor([0.0, 0.2499, 0.25, 0.4999, 0.5, 0.75, 1.0 - 2 ** -53],
+                     dtype=torch.float64)
+    drawn = draw_tokens(probs.expand(len(u), 1, 5), torch.zeros(len(u), dtype=torch.bool),
+                        u.unsqueeze(-1))
+    assert drawn[:, 0].tolist() == [0, 0, 2, 2, 3, 3, 3]  # never 1 or 4 (no mass)
+    # unnormalised rows (top-k/top-p leave them so) scale with their mass
+    drawn = draw_tokens((probs * 4).expand(len(u), 1, 5), torch.zeros(len(u), dtype=torch.bool),
+                        u.unsqueeze(-1))
+    assert drawn[:, 0].tolist() == [0, 0, 2, 2, 3, 3, 3]
 
 
-# ---- statistical: the first emitted token follows the target ---------------------------------
+def test_random_rows_accept_a_draft_where_it_is_the_draw_and_emit_the_draw_elsewhere() -> None:
+    target = torch.stack([P_TARGET, P_TARGET_2, P_TARGET]).unsqueeze(0)  # [1, 3, VOCAB]
+    uniforms = torch.tensor([[0.35, 0.2, 0.99]], dtype=torch.float64)  # draws 1, 2, 7
+    assert sample([[1, 2]], [2], target, [False], uniforms) == [[1, 2, 7]]
+    assert sample([[1, 3]], [2], target, [False], uniforms) == [[1, 2, P]]
+    assert sample([[0, 2]], [2], target, [False], uniforms) == [[1, P, P]]
+    assert sample([[1, 2]], [0], target, [False], uniforms) == [[1, P, P]]
+
+
+def test_the_emitted_tokens_do_not_depend_on_the_drafts() -> None:
+    g = torch.Generator().manual_seed(4)
+    batch, k = 500, 3
+    target = torch.softmax(torch.randn(batch, k + 1, VOCAB, generator=g), -1)
+    uniforms = torch.rand(batch, k + 1, generator=g, dtype=torch.float64)
+    draws = draw_tokens(target, torch.zeros(batch, dtype=torch.bool), uniforms)
+    for drafts, count in [(torch.randint(0, VOCAB, (batch, k), generator=g), k),
+                          (draws[:, :k], k), (draws[:, :k], 1), (torch.zeros(batch, 0), 0)]:
+        out = sample_and_verify(drafts.long(), torch.full((batch,), count), target[:, :k + 1]
+                                if count else target[:, :1], torch.zeros(batch, dtype=torch.bool),
+                                uniforms if count else uniforms[:, :1])
+        emitted = out != P
+        assert torch.equal(out[emitted], draws[:, :out.shape[1]][emitted])
+    # perfect drafts: every draft and the draw after them
+    out = sample_and_verify(draws[:, :k], torch.full((batch,), k), target,
+                            torch.zeros(batch, dtype=torch.bool), uniforms)
+    assert torch.equal(out, draws)
+
+
+# ---- statistical: the emitted tokens follow the target --------------------------------------
 
 N = 40_000
 TV_BOUND = 0.02  # sampling error at N = 40k is ~0.005; TV(P_DRAFT, P_TARGET) = 0.55
 
 
-def run_trials(draft_probs: torch.Tensor | None, drafts: torch.Tensor) -> torch.Tensor:
+def run_trials(drafts: torch.Tensor) -> torch.Tensor:
     target = torch.stack([P_TARGET, P_TARGET_2, P_TARGET]).expand(N, 3, VOCAB)
-    return rejection_sample(drafts, torch.full((N,), 2), draft_probs, target,
-                            torch.zeros(N, dtype=torch.bool), [None] * N)
+    return sample_and_verify(drafts, torch.full((N,), 2), target,
+                             torch.zeros(N, dtype=torch.bool),
+                             torch.rand(N, 3, dtype=torch.float64))
 
 
-def test_first_token_follows_the_target_with_a_different_draft_distribution() -> None:
-    torch.manual_seed(0)
-    drafts = torch.multinomial(P_DRAFT, 2 * N, replacement=True).view(N, 2)
-    out = run_trials(P_DRAFT.expand(N, 2, VOCAB), drafts)
-    assert tv(out[:, 0], P_TARGET) < TV_BOUND
-    # After an accepted first draft, the second token follows the target's second row.
-    second = out[:, 1][out[:, 1] != P]
-    assert second.numel() > N // 4
-    assert tv(second, P_TARGET_2) < 2 * TV_BOUND
-    # Naive "always accept the draft" is far outside the same bound.
-    assert tv(drafts[:, 0], P_TARGET) > 10 * TV_BOUND
-
-
-def test_first_token_follows_the_target_with_a_greedy_drafter() -> None:
+def test_first_tokens_follow_the_target_whatever_the_drafts() -> None:
     torch.manual_seed(1)
     drafts = torch.multinomial(P_DRAFT, 2 * N, replacement=True).view(N, 2)
-    out = run_trials(None, drafts)
+    out = run_trials(drafts)
     assert tv(out[:, 0], P_TARGET) < TV_BOUND
-    assert tv(drafts[:, 0], P_TARGET) > 10 * TV_BOUND
-    # A one-hot drafter whose token is always 6 (target probability 0.05).
-    out = run_trials(None, torch.full((N, 2), 6))
+    assert tv(drafts[:, 0], P_TARGET) > 10 * TV_BOUND  # "always accept" would be far off
+    # after an accepted first draft, the second token follows the target's second row
+    second = out[:, 1][out[:, 1] != P]
+    assert second.numel() > N // 20
+    assert tv(second, P_TARGET_2) < 2 * TV_BOUND
+    # a drafter whose token is always 6 is accepted with the target's probability of 6
+    out = run_trials(torch.full((N, 2), 6))
     assert tv(out[:, 0], P_TARGET) < TV_BOUND
+    accepted = (out[:, 1] != P).float().mean().item()
+    assert abs(accepted - P_TARGET[6].item()) < 0.005
 
 
 def test_zero_draft_tokens_is_plain_sampling_from_the_target() -> None:
     torch.manual_seed(2)
-    out = rejection_sample(torch.empty(N, 0, dtype=torch.int64), torch.zeros(N, dtype=torch.int64),
-                           None, P_TARGET.expand(N, 1, VOCAB), torch.zeros(N, dtype=torch.bool),
-                           [None] * N)
+    out = sample_and_verify(torch.empty(N, 0, dtype=torch.int64),
+                            torch.zeros(N, dtype=torch.int64), P_TARGET.expand(N, 1, VOCAB),
+                            torch.zeros(N, dtype=torch.bool), torch.rand(N, 1, dtype=torch.float64))
     assert out.shape == (N, 1)
     assert tv(out[:, 0], P_TARGET) < TV_BOUND
 
 
-# ---- seeded determinism ----------------------------------------------------------------------
-
-def random_batch(batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                  torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    target = torch.softmax(torch.randn(batch, 4, VOCAB, generator=g), -1)
-    draft_probs = torch.softmax(torch.randn(batch, 3, VOCAB, generator=g), -1)
-    drafts = torch.randint(0, VOCAB, (batch, 3), generator=g)
-    num_draft = torch.randint(0, 4, (batch,), generator=g)
-    return drafts, num_draft, draft_probs, target
-
-
-def seeded_outputs(seeds: list[int], rows: list[int], steps: int = 3) -> list[torch.Tensor]:
-    """Outputs of `steps` consecutive calls on the given rows of a fixed random batch."""
-    drafts, num_draft, draft_probs, target = random_batch(16, seed=10)
-    generators: list[torch.Generator | None] = [torch.Generator().manual_seed(s) for s in seeds]
-    greedy = torch.zeros(len(rows), dtype=torch.bool)
-    return [rejection_sample(drafts[rows], num_draft[rows], draft_probs[rows], target[rows],
-                             greedy, generators) for _ in range(steps)]
-
-
-def test_same_seeds_give_the_same_tokens() -> None:
-    rows = list(range(16))
-    first = seeded_outputs(list(range(100, 116)), rows)
-    second = seeded_outputs(list(range(100, 116)), rows)
-    for a, b in zip(first, second, strict=True):
-        assert torch.equal(a, b)
-
-
-def test_a_request_samples_the_same_alone_or_in_a_batch() -> None:
-    batched = seeded_outputs([100 + r for r in range(16)], list(range(16)))
-    for r in (0, 5, 11):
-        alone = seeded_outputs([100 + r], [r])
-        for step_alone, step_batched in zip(alone, batched, strict=True):
-            assert torch.equal(step_alone[0], step_batched[r])
-    # Unseeded neighbours (global RNG) do not disturb a seeded request either.
-    drafts, num_draft, draft_probs, target = random_batch(16, seed=10)
-    torch.manual_seed(123)
-    mixed = rejection_sample(drafts[[3, 7]], num_draft[[3, 7]], draft_probs[[3, 7]],
-                             target[[3, 7]], torch.zeros(2, dtype=torch.bool),
-                             [None, torch.Generator().manual_seed(107)])
-    assert torch.equal(mixed[1], batched[0][7])
-
-
-def test_different_seeds_give_different_tokens() -> None:
-    rows = [2] * 64  # the same request 64 times, each with its own seed
-    out = seeded_outputs(list(range(64)), rows, steps=1)[0]
-    assert len({tuple(row) for row in out.tolist()}) > 1
-
-
-def test_generator_count_must_match_batch() -> None:
-    with pytest.raises(ValueError, match="generators"):
-        rejection_sample(torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, dtype=torch.int64),
-                         None, greedy_target([[1, 2], [1, 2]]), torch.ones(2, dtype=torch.bool),
-                         [None])
+def test_uniforms_must_cover_every_position() -> None:
+    with pytest.raises(ValueError, match=r"uniforms of shape \(2, 1\) for a batch of 2 with 1 "
+                                         r"draft positions; need \[2, 2\]"):
+        sample_and_verify(torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, dtype=torch.int64),
+                          greedy_target([[1, 2], [1, 2]]), torch.ones(2, dtype=torch.bool),
+                          torch.zeros(2, 1, dtype=torch.float64))
 
 
 # ---- num_accepted ----------------------------------------------------------------------------
@@ -235,9 +202,7 @@ def test_num_accepted_is_emitted_tokens_minus_one() -> None:
     assert num_accepted(out, torch.tensor([3, 1, 0, 2])).tolist() == [3, 1, 0, 1]
 
 
-def test_greedy_verify_matches_rejection_sample_on_greedy_rows() -> None:
-    from runtime.speculative.rejection_sampler import greedy_verify
-
+def test_greedy_verify_matches_sample_and_verify_on_greedy_rows() -> None:
     g = torch.Generator().manual_seed(3)
     batch, k, vocab = 64, 3, 6
     logits = torch.randn(batch, k + 1, vocab, generator=g)
@@ -246,10 +211,8 @@ def test_greedy_verify_matches_rejection_sample_on_greedy_rows() -> None:
     drafts = torch.where(torch.rand(batch, k, generator=g) < 0.7, argmax[:, :k],
                          torch.randint(0, vocab, (batch, k), generator=g))
     num_drafts = torch.randint(0, k + 1, (batch,), generator=g)
-    probs = torch.nn.functional.one_hot(argmax, vocab).float()
+    probs = torch.softmax(logits, -1)
     greedy = torch.ones(batch, dtype=torch.bool)
-    expected = rejection_sample(drafts, num_drafts, None, probs, greedy,
-                                [None] * batch)
+    expected = sample_and_verify(drafts, num_drafts, probs, greedy,
+                                 torch.rand(batch, k + 1, dtype=torch.float64))
     assert torch.equal(greedy_verify(drafts, num_drafts, argmax), expected)
-    lengths = (expected != PLACEHOLDER_TOKEN_ID).sum(-1)
-    assert set(lengths.tolist()) == {1, 2, 3, 4}
