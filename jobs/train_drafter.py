@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import click
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from runtime.config import DEFAULT_MODEL
@@ -26,13 +28,20 @@ def parse_duration(text: str) -> float:
 
 def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(ids, prompts) from a Parquet file with a `prompt` column (and `id`, else row numbers)."""
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise click.BadParameter(f"{path}: cannot read it as Parquet "
+                                 f"({' '.join(str(exc).split())})") from None
     if "prompt" not in table.schema.names:
         raise click.BadParameter(f"{path} has no 'prompt' column")
-    prompts = [str(p) for p in table.column("prompt").to_pylist()]
+    prompts = table.column("prompt").to_pylist()
     ids = ([str(i) for i in table.column("id").to_pylist()] if "id" in table.schema.names
            else [str(i) for i in range(len(prompts))])
-    keep = [i for i, p in enumerate(prompts) if p.strip()][:limit]
+    keep = [i for i, p in enumerate(prompts) if isinstance(p, str) and p.strip()][:limit]
+    if not keep:
+        raise click.BadParameter(f"{path} has no prompt to train on (rows: {len(prompts)}; "
+                                 "null and blank prompts are left out)")
     return tuple(ids[i] for i in keep), tuple(prompts[i] for i in keep)
 
 
@@ -137,16 +146,20 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                         time_budget_s=parse_duration(time_budget) if time_budget else None,
                         batch_tokens=batch_tokens, autocast_bf16=bf16_autocast,
                         ce_weight=token_loss_weight)
-    run_train_drafter(TrainDrafterJob(
-        model=model, prompt_ids=ids, prompts=prompts, out_dir=out_dir, train=train,
-        num_layers=layers, style=style, num_speculative_tokens=num_speculative_tokens,
-        draft_vocab_size=draft_vocab_size, draft_head_size=draft_head_size,
-        max_answer_tokens=max_answer_tokens, answer_samples=answer_samples,
-        first_sample=first_sample,
-        answer_temperature=answer_temperature, data_dtype=data_dtype,
-        feature_dtype=feature_dtype,
-        init_drafter=init_drafter, resume=resume,
-        eval_prompts=evals, eval_max_tokens=eval_max_tokens, prompts_source=prompts_path.name))
+    try:
+        run_train_drafter(TrainDrafterJob(
+            model=model, prompt_ids=ids, prompts=prompts, out_dir=out_dir, train=train,
+            num_layers=layers, style=style, num_speculative_tokens=num_speculative_tokens,
+            draft_vocab_size=draft_vocab_size, draft_head_size=draft_head_size,
+            max_answer_tokens=max_answer_tokens, answer_samples=answer_samples,
+            first_sample=first_sample,
+            answer_temperature=answer_temperature, data_dtype=data_dtype,
+            feature_dtype=feature_dtype,
+            init_drafter=init_drafter, resume=resume,
+            eval_prompts=evals, eval_max_tokens=eval_max_tokens, prompts_source=prompts_path.name))
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:  # the inputs, not the code
+        click.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -260,6 +260,10 @@ class CausalLM(nn.Module):
         with torch.no_grad():
             for name, tensor in pairs:
                 if name in params:
+                    if params[name].shape != tensor.shape:
+                        raise ValueError(
+                            f"checkpoint does not match its config.json: {name} has shape "
+                            f"{tuple(tensor.shape)}, the config gives {tuple(params[name].shape)}")
                     params[name].copy_(tensor)
                     seen.add(name)
                 elif "rotary_emb" not in name:

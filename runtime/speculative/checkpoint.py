@@ -43,10 +43,14 @@ def save_drafter_checkpoint(out_dir: Path, config: dict, state: dict[str, torch.
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700: others could not read the drafter
     tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous().cpu()
                for k, v in to_public_names(state, style).items()}
     save_file(tensors, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp / "model.safetensors").chmod(0o666 & ~umask)
     for extra in out_dir.glob("*") if out_dir.is_dir() else []:
         if extra.name not in ("config.json", "model.safetensors") and extra.is_file():
             shutil.copy2(extra, tmp / extra.name)

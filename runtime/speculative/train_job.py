@@ -79,6 +79,12 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     data_dir = job.out_dir / "data"
     if not job.resume and (job.out_dir / "checkpoint.pt").exists():
         raise FileExistsError(f"{job.out_dir} holds a training checkpoint; pass --resume")
+    if job.resume and (job.out_dir / "checkpoint.pt").exists():  # before hours of answers
+        check_resumable(job.out_dir / "checkpoint.pt", job)
+    vocab_size = target_config.vocab_size
+    if job.draft_vocab_size is not None and job.draft_vocab_size > vocab_size:
+        raise ValueError(f"--draft-vocab-size {job.draft_vocab_size} is larger than the target's "
+                         f"vocabulary ({vocab_size} tokens)")
     if job.init_drafter is not None:  # before hours of answers, not after
         load_init_drafter(job.init_drafter, job.style, job.num_layers, target_config)
     engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
@@ -90,7 +96,7 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
         generate_answers(engine_config, job.prompt_ids, job.prompts, data_dir,
                          job.max_answer_tokens, bar, job.answer_samples, job.answer_temperature,
                          job.first_sample)
-    aux = (2, target_config.num_hidden_layers // 2, target_config.num_hidden_layers - 3)
+    aux = train_aux_layer_ids(target_config.num_hidden_layers)
     rows = read_answers(data_dir / ANSWERS)
     with tqdm(total=len(rows), desc="features", unit="seq") as bar:
         shards = build_feature_shards(model_dir, data_dir, feature_layers(job.style, aux),
@@ -103,7 +109,11 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                              t2d=t2d_of(vocab, target_config.vocab_size))
     ckpt = job.out_dir / "checkpoint.pt"
     if job.resume and ckpt.exists():
-        trainer.load_state(torch.load(ckpt, weights_only=False))
+        try:
+            trainer.load_state(torch.load(ckpt, weights_only=False))
+        except (RuntimeError, ValueError, KeyError) as exc:  # another drafter's checkpoint
+            raise ValueError(f"--resume: {ckpt} does not fit the drafter these options "
+                             f"describe ({' '.join(str(exc).split())[:300]})") from None
     earlier = job.out_dir / "train_log.json"
     log = json.loads(earlier.read_text()) if job.resume and earlier.exists() else []
     log += train_loop(trainer, shards, ckpt)
@@ -125,6 +135,30 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                      time.time() - started, log, result, trainer.elapsed_s,
                      kept=sum(r["id"] not in planned for r in rows))
     return result
+
+
+def train_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """The target layers whose inputs feed an EAGLE-3 drafter: the usual (2, L/2, L-3), or on
+    a target of fewer than 6 layers (where those do not fit) its first, middle and last."""
+    if num_layers >= 6:
+        return (2, num_layers // 2, num_layers - 3)
+    return (0, num_layers // 2, num_layers - 1)
+
+
+def check_resumable(ckpt: Path, job: TrainDrafterJob) -> None:
+    """--resume with a checkpoint of another drafter (layers, style) is refused before the
+    answers and features are made again."""
+    try:
+        state = torch.load(ckpt, weights_only=False, map_location="cpu")["drafter"]
+    except Exception as exc:  # a damaged checkpoint: torch raises many kinds
+        raise ValueError(f"--resume: cannot read {ckpt} ({' '.join(str(exc).split())[:200]})"
+                         ) from None
+    layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+    out_size, in_size = state["fc.weight"].shape
+    style = "eagle3" if in_size == 3 * out_size else "eagle1"
+    if (layers, style) != (job.num_layers, job.style):
+        raise ValueError(f"--resume: {ckpt} holds a {layers}-layer {style} drafter, but the "
+                         f"options ask for --layers {job.num_layers} --style {job.style}")
 
 
 def load_target(model_dir: Path, config: Any) -> CausalLM:

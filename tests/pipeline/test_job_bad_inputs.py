@@ -164,3 +164,19 @@ def test_a_job_refused_at_its_model_leaves_no_output_dir(tmp_path: Path) -> None
     with pytest.raises(JobError, match=f"^cannot load --model {missing}: "):
         run_job(config, progress=False)
     assert os.listdir(tmp_path / "out") == [".eaglebatch.lock"]
+
+
+def test_a_config_that_disagrees_with_its_weights_names_the_tensor(tiny_model_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    import json  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["intermediate_size"] = 96  # the weights have 128
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(JobError, match=re.escape(
+            f"cannot load --model {model}: checkpoint does not match its config.json: "
+            "model.layers.0.mlp.down_proj.weight has shape (64, 128), the config gives (64, 96)")):
+        build_engine(Engine, EngineConfig(model=str(model), kv_cache_memory=1 << 20))

@@ -149,3 +149,63 @@ def test_draft_head_size_saves_own_head_that_decodes_losslessly(tiny_model_dir: 
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 7
     assert "7 most frequent answer tokens" in (out / "README.md").read_text()
     assert _greedy(tiny_model_dir, out) == _greedy(tiny_model_dir, None)
+
+
+def test_an_eagle3_drafter_of_a_small_target_loads_and_is_lossless(tiny_model_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    # the usual aux layers (2, L/2, L-3) do not exist in a 2-layer target
+    from runtime.speculative.train_job import train_aux_layer_ids  # noqa: PLC0415
+
+    assert train_aux_layer_ids(2) == (0, 1, 1) and train_aux_layer_ids(32) == (2, 16, 29)
+    out = tmp_path / "drafter"
+    run_train_drafter(_job(tiny_model_dir, out, style="eagle3", num_layers=2,
+                           train=TrainConfig(max_steps=2, batch_tokens=128)))
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
+    assert (out.stat().st_mode & 0o077) == (0o777 & ~_umask() & 0o077)  # readable as umask says
+    assert _greedy(tiny_model_dir, out) == _greedy(tiny_model_dir, None)
+    # --resume with other options: refused before the answers are made again
+    with pytest.raises(ValueError, match=r"^--resume: .*checkpoint.pt holds a 2-layer eagle3 "
+                                         r"drafter, but the options ask for --layers 2 --style "
+                                         r"eagle1$"):
+        run_train_drafter(_job(tiny_model_dir, out, resume=True))
+    with pytest.raises(ValueError, match=r"^--draft-vocab-size 100000 is larger than the "
+                                         r"target's vocabulary \(256 tokens\)$"):
+        run_train_drafter(_job(tiny_model_dir, tmp_path / "other", draft_vocab_size=100000))
+
+
+def _umask() -> int:
+    import os  # noqa: PLC0415
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_train_drafter_cli_errors_are_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from jobs.cli import main  # noqa: PLC0415
+    from jobs.train_drafter import read_prompts  # noqa: PLC0415
+
+    mixed = tmp_path / "mixed.parquet"
+    pq.write_table(pa.table({"prompt": ["ok", None, " ", "fine"]}), mixed)
+    assert read_prompts(mixed) == (("0", "3"), ("ok", "fine"))  # null and blank left out
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), empty)
+    not_parquet = tmp_path / "text.parquet"
+    not_parquet.write_text("no")
+    base = ["train-drafter", "--model", str(tiny_model_dir), "--max-steps", "1"]
+    for path, message in [(empty, f"{empty} has no prompt to train on (rows: 0;"),
+                          (not_parquet, f"{not_parquet}: cannot read it as Parquet (")]:
+        result = CliRunner().invoke(main, [*base, "--prompts", str(path), "--out",
+                                           str(tmp_path / "o")])
+        assert result.exit_code == 2 and message in result.output, result.output
+    out = tmp_path / "has-checkpoint"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"x")
+    result = CliRunner().invoke(main, [*base, "--prompts", str(mixed), "--out", str(out)])
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: {out} holds a training checkpoint; pass --resume\n")
