@@ -41,31 +41,36 @@ def sample_and_verify(
     if uniforms.shape != (batch, k + 1):
         raise ValueError(f"got uniforms of shape {tuple(uniforms.shape)} for a batch of {batch} "
                          f"with {k} draft positions; need [{batch}, {k + 1}]")
+    # positions past a row's drafts are never emitted: no draw there
+    needed = torch.arange(k + 1, device=draft_token_ids.device) <= num_draft_tokens.unsqueeze(-1)
     return greedy_verify(draft_token_ids, num_draft_tokens,
-                         draw_tokens(target_probs, greedy, uniforms))
+                         draw_tokens(target_probs, greedy, uniforms, needed))
 
 
 def draw_tokens(
     target_probs: Tensor,  # [batch, positions, vocab] float32, rows summing to 1 (or any mass)
     greedy: Tensor,  # [batch] bool
     uniforms: Tensor,  # [batch, positions] float64 in [0, 1)
-) -> Tensor:  # [batch, positions] int64
+    needed: Tensor | None = None,  # [batch, positions] bool: where to draw (None: everywhere)
+) -> Tensor:  # [batch, positions] int64; the argmax where not needed
     """The argmax for greedy rows; for the others the inverse of the distribution function at
     the uniform, summed in float64 (a float32 sum over a large vocabulary drifts by more than
     the smallest probabilities). A token of probability 0 is never drawn."""
+    batch, positions, vocab = target_probs.shape
     drawn = target_probs.argmax(-1)
-    random = (~greedy).nonzero().squeeze(-1)
-    if random.numel() == 0:
+    wanted = (~greedy).unsqueeze(-1).expand(batch, positions)
+    if needed is not None:
+        wanted = wanted & needed
+    at = wanted.flatten().nonzero().squeeze(-1)  # (row, position) pairs, flattened
+    if at.numel() == 0:
         return drawn
-    probs = target_probs.index_select(0, random)  # [random rows, positions, vocab]
+    probs = target_probs.reshape(batch * positions, vocab).index_select(0, at)
     cdf = probs.double().cumsum(-1)
-    mass = cdf[..., -1:]
-    u = uniforms.index_select(0, random).to(cdf.device, torch.float64).unsqueeze(-1)
-    index = torch.searchsorted(cdf, u * mass, right=True).squeeze(-1)  # first cdf > u * mass
+    u = uniforms.reshape(-1).to(cdf.device, torch.float64).index_select(0, at).unsqueeze(-1)
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)  # first cdf > u*mass
     # u * mass may round up to the whole mass: take the last token that has any
-    vocab = probs.shape[-1]
     last = vocab - 1 - (probs.flip(-1) > 0).long().argmax(-1)
-    drawn[random] = torch.minimum(index, last)
+    drawn.view(-1)[at] = torch.minimum(index, last)
     return drawn
 
 
