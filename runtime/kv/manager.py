@@ -40,22 +40,16 @@ class _RequestBlocks:
 class KVCacheManager:
     """Block tables, prefix caching and usage accounting for all requests (mutable)."""
 
-    __slots__ = ("block_size", "enable_prefix_caching", "recompute_last_hit_block", "_pool",
-                 "_requests", "_hit_tokens", "_queried_tokens")
+    __slots__ = ("block_size", "enable_prefix_caching", "_pool", "_requests", "_hit_tokens",
+                 "_queried_tokens")
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-        recompute_last_hit_block: bool = False,
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
     ) -> None:
-        """recompute_last_hit_block: hits stop one block short (for engines with a drafter,
-        whose KV at a position p pairs the target's state at p with the token at p + 1: at a
-        hit's last position that is the first token after the hit, which the cached blocks'
-        hashes do not cover, so another request's drafter KV may hold another token there)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.recompute_last_hit_block = recompute_last_hit_block
         self._pool = BlockPool(num_blocks, enable_prefix_caching)
         self._requests: dict[str, _RequestBlocks] = {}
         self._hit_tokens = 0
@@ -111,8 +105,6 @@ class KVCacheManager:
             if block is None:
                 break
             block_ids.append(block.block_id)
-        if self.recompute_last_hit_block and block_ids:
-            block_ids.pop()
         return ComputedBlocks(block_ids, len(block_ids) * self.block_size)
 
     def allocate_slots(
