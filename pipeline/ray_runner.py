@@ -120,10 +120,14 @@ def _connected(options: RayConfig) -> Iterator[None]:
 
 
 def _check_reachable(address: str) -> None:
-    """Fail fast on a HOST:PORT where nothing listens (ray.init would retry for minutes)."""
+    """Fail fast on a HOST:PORT where nothing listens (ray.init would retry for minutes), and
+    on a form that is none of HOST:PORT, auto, local or ray://... (Ray logs a traceback first)."""
+    if address in ("auto", "local") or "://" in address:
+        return  # Ray's own forms: it judges them
     host, _, port = address.rpartition(":")
-    if not host or "://" in address or not port.isdigit():
-        return  # "auto", ray://..., or a form Ray itself will judge
+    if not host or not port.isdigit():
+        raise JobError(f"--ray-address {address!r}: expected HOST:PORT, auto, or "
+                       f"ray://HOST:PORT")
     try:
         socket.create_connection((host, int(port)), timeout=_CONNECT_S).close()
     except OSError as exc:

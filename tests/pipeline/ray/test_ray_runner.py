@@ -175,3 +175,14 @@ def test_a_model_the_workers_cannot_load_is_refused_before_anything_is_written(
     with pytest.raises(JobError, match=r"^cannot load --model .*no-such-model: "):
         run_job(config, progress=False)
     assert not out.exists()  # the job made it, and took it back
+
+
+def test_malformed_ray_addresses_are_named_before_ray_sees_them() -> None:
+    from pipeline.ray_runner import _check_reachable  # noqa: PLC0415
+
+    for address in (":6379", "bogus", "head:port"):
+        with pytest.raises(JobError, match=f"^--ray-address '{address}': expected HOST:PORT, "
+                                           "auto, or ray://HOST:PORT$"):
+            _check_reachable(address)
+    for address in ("auto", "local", "ray://head:10001"):
+        _check_reachable(address)  # Ray's own forms pass through
