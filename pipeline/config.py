@@ -12,6 +12,11 @@ from typing import Any
 from runtime.config import EngineConfig, SamplingParams
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (its type's name where it has none)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 class JobError(Exception):
     """A problem of the user's making (bad input, bad option, refused resume).
 

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import NamedTuple, TypeVar
 
 from pipeline.atomic import remove_stale_temps, write_bytes_atomically
-from pipeline.config import JobConfig, JobError
+from pipeline.config import JobConfig, JobError, one_line
 from pipeline.manifest import (
     LOCK_FILE,
     SUCCESS_FILE,
@@ -149,7 +149,7 @@ def _naming_write_errors() -> Iterator[None]:
 
 
 def _reason(exc: OSError) -> str:
-    return exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+    return exc.strerror or one_line(exc)
 
 
 def _runner(config: JobConfig) -> Runner:

@@ -24,6 +24,7 @@ When the input has no id column, a string column named after --id-column is put 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -54,6 +55,22 @@ def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | No
     if n > 1:
         fields.append(SAMPLE_INDEX_FIELD)
     return pa.schema(fields + list(OUTPUT_FIELDS), metadata=input_schema.metadata)
+
+
+def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """The column's values as Python objects. Parquet does not check that strings are UTF-8: a
+    value that is not comes back as the UnicodeDecodeError that decoding it raised, so the
+    caller can name its row."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        values: list[Any] = []
+        for i in range(len(column)):
+            try:
+                values.append(column[i].as_py())
+            except UnicodeDecodeError as exc:
+                values.append(exc)
+        return values
 
 
 def is_string(t: pa.DataType) -> bool:

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import JobConfig, JobError
-from pipeline.schema import check_input_schema, schema_difference
+from pipeline.config import JobConfig, JobError, one_line
+from pipeline.schema import check_input_schema, python_values, schema_difference
 
 _SCAN_BATCH_ROWS = 65_536
 
@@ -91,7 +91,7 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
         try:
             meta = pq.ParquetFile(path).metadata
         except (pa.ArrowException, OSError) as exc:
-            raise JobError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
+            raise JobError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
         schema = meta.schema.to_arrow_schema()
         if first_schema is None:
             first_schema = schema
@@ -156,7 +156,7 @@ def _iter_file(f: InputFile,
                                                 columns=columns))
         except (pa.ArrowException, OSError) as exc:
             raise JobError(f"{f.path}: cannot read row group {group} (rows {offset}-"
-                           f"{offset + rows - 1}): {_one_line(exc)}") from None
+                           f"{offset + rows - 1}): {one_line(exc)}") from None
         for batch in batches:
             yield offset, batch
             offset += batch.num_rows
@@ -164,16 +164,12 @@ def _iter_file(f: InputFile,
 
 def _ids(ids: pa.Array, f: InputFile, offset: int, id_column: str) -> list[Any]:
     """The ids as Python values; an id that is not valid UTF-8 stops the job, named."""
-    try:
-        return ids.to_pylist()
-    except UnicodeDecodeError:
-        for i in range(len(ids)):
-            try:
-                ids[i].as_py()
-            except UnicodeDecodeError as exc:
-                raise JobError(f"{f.path}: id column {id_column!r} is not valid UTF-8 at row "
-                               f"{offset + i} ({exc.reason} at byte {exc.start})") from None
-        raise
+    values = python_values(ids)
+    for i, v in enumerate(values):
+        if isinstance(v, UnicodeDecodeError):
+            raise JobError(f"{f.path}: id column {id_column!r} is not valid UTF-8 at row "
+                           f"{offset + i} ({v.reason} at byte {v.start})")
+    return values
 
 
 def _find_duplicate(files: list[InputFile], id_column: str, hashes: set[int]) -> None:
@@ -199,5 +195,3 @@ def _check_stems_unique(files: list[InputFile], id_column: str) -> None:
         seen[f.stem] = f.path
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__

@@ -22,6 +22,7 @@ from pipeline.bench.aggregate import (
     speedup_vs_k0,
 )
 from pipeline.bench.metrics import CEILING, variant_label
+from pipeline.config import JobError
 from pipeline.stats import Counts
 
 Series = dict[str, list[tuple[float, float]]]
@@ -31,8 +32,6 @@ _DPI = 110
 
 def report_dir(out: Path) -> Path:
     """`out`, made a directory if it is not one; a file there is a user error naming --out."""
-    from pipeline.config import JobError  # noqa: PLC0415
-
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -46,6 +46,7 @@ from pipeline.bench.metrics import (
     variant_label,
 )
 from pipeline.bench.models import BenchModels, resolve_models
+from pipeline.bench.plots import report_dir
 from pipeline.bench.report import remove_report, write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
 from pipeline.config import JobError
@@ -65,10 +66,7 @@ def run_bench(config: BenchConfig) -> Path:
     no --out directory behind where there was none."""
     out = Path(config.out)
     created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file there, no permission, ...
-        raise JobError(f"--out {config.out}: cannot make it a directory ({exc.strerror})") from None
+    report_dir(out)
     try:
         return _run_bench(config, out)
     except BaseException:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from pipeline.schema import OVERRIDE_COLUMNS
+from pipeline.schema import OVERRIDE_COLUMNS, python_values
 from runtime.config import SamplingParams
 
 
@@ -63,20 +63,12 @@ class _RowError(NamedTuple):
 
 
 def _values(rows: pa.Table | pa.RecordBatch, name: str) -> list[Any]:
-    """The column's values as Python objects. Parquet does not check that strings are UTF-8: a
-    value that is not becomes a _RowError naming the column, and only its row fails."""
-    column = rows.column(name)
-    try:
-        return column.to_pylist()
-    except UnicodeDecodeError:
-        values: list[Any] = []
-        for i in range(len(column)):
-            try:
-                values.append(column[i].as_py())
-            except UnicodeDecodeError as exc:
-                values.append(_RowError(f"{name} is not valid UTF-8 ({exc.reason} at byte "
-                                        f"{exc.start}: {exc.object[exc.start:exc.start + 4]!r})"))
-        return values
+    """The column's values as Python objects; one that is not valid UTF-8 becomes a _RowError
+    naming the column, and only its row fails."""
+    return [_RowError(f"{name} is not valid UTF-8 ({v.reason} at byte {v.start}: "
+                      f"{v.object[v.start:v.start + 4]!r})")
+            if isinstance(v, UnicodeDecodeError) else v
+            for v in python_values(rows.column(name))]
 
 
 def _render_prompt(prompt: str | None | _RowError, tokenizer: Any,

@@ -262,6 +262,11 @@ def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: s
         state.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
 
 
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's aux layers where a config names none: (2, L/2, L-3), as EAGLE's and vLLM's."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
 def _aux_layer_ids(raw: dict, style: str, num_layers: int, path: Path) -> tuple[int, ...]:
     if style != "eagle3":
         return ()
@@ -269,7 +274,7 @@ def _aux_layer_ids(raw: dict, style: str, num_layers: int, path: Path) -> tuple[
         raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     where = "eagle_aux_hidden_state_layer_ids" if ids else (
         "the default (2, L/2, L-3) for a config without eagle_aux_hidden_state_layer_ids")
-    ids = tuple(ids) if ids else (2, num_layers // 2, num_layers - 3)
+    ids = tuple(ids) if ids else default_aux_layer_ids(num_layers)
     if len(ids) != 3 or any(not isinstance(i, int) or not 0 <= i < num_layers for i in ids):
         raise DrafterMismatchError(f"drafter {path}: EAGLE-3 aux layer ids {ids} ({where}) do "
                                    f"not fit a target with {num_layers} layers (need three ids "

@@ -29,6 +29,7 @@ from runtime.speculative.checkpoint import drafter_config_dict
 from runtime.speculative.drafter import EagleDrafter
 from runtime.speculative.loader import (
     DrafterCheckpoint,
+    default_aux_layer_ids,
     load_drafter_checkpoint,
     to_public_names,
 )
@@ -141,7 +142,7 @@ def train_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     """The target layers whose inputs feed an EAGLE-3 drafter: the usual (2, L/2, L-3), or on
     a target of fewer than 6 layers (where those do not fit) its first, middle and last."""
     if num_layers >= 6:
-        return (2, num_layers // 2, num_layers - 3)
+        return default_aux_layer_ids(num_layers)
     return (0, num_layers // 2, num_layers - 1)
 
 

@@ -15,23 +15,17 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
-from runtime.config import EngineConfig, SamplingParams
+from runtime.config import EngineConfig
 from runtime.engine import Engine
 from runtime.loader import load_state_dict
-from runtime.request import Completion, GenerationRequest
+from runtime.request import Completion
 from runtime.speculative.loader import DrafterMismatchError, load_drafter_checkpoint
-from tests.drafter_fixtures import make_random_drafter
+from tests.drafter_fixtures import generate_greedy, make_random_drafter
 from tests.fixtures import make_tiny_checkpoint
-
-PROMPTS = ([5, 9, 13, 2, 77, 31, 8], [200, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50])
 
 
 def generate(model_dir: Path, drafter: Path | None) -> dict[str, Completion]:
-    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
-                                 drafter=str(drafter) if drafter else None))
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(PROMPTS)]
-    return {c.request_id: c for c in engine.generate(requests)}
+    return generate_greedy(model_dir, drafter, max_tokens=16)
 
 
 def tokens(out: dict[str, Completion]) -> dict[str, list[int]]:

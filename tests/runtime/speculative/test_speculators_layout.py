@@ -11,19 +11,19 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
-from runtime.config import EngineConfig, SamplingParams
+from runtime.config import EngineConfig
 from runtime.engine import Engine
-from runtime.request import Completion, GenerationRequest
+from runtime.request import Completion
 from runtime.speculative.loader import (
     DrafterMismatchError,
     drafter_num_layers,
     load_drafter_checkpoint,
 )
 from runtime.speculative.train_job import load_init_drafter
+from tests.drafter_fixtures import generate_greedy as generate
 from tests.drafter_fixtures import make_random_drafter
 
 EAGLE_FIELDS = ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids", "architectures")
-PROMPTS = ([5, 9, 13, 2, 77, 31, 8], [200, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50])
 
 
 def to_speculators(plain: Path, out: Path, kind: str, **top: object) -> Path:
@@ -60,14 +60,6 @@ def to_speculators(plain: Path, out: Path, kind: str, **top: object) -> Path:
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
-
-
-def generate(model_dir: Path, drafter: Path | None) -> dict[str, Completion]:
-    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
-                                 drafter=str(drafter) if drafter else None))
-    params = SamplingParams(max_tokens=20, ignore_eos=True)
-    requests = [GenerationRequest(str(i), tuple(p), params) for i, p in enumerate(PROMPTS)]
-    return {c.request_id: c for c in engine.generate(requests)}
 
 
 def signature(out: dict[str, Completion]) -> dict[str, tuple]:
