@@ -73,7 +73,8 @@ class Engine:
         if self.proposer is not None:
             self.proposer.bind(caches, p.block_size)
         self.kv = KVCacheManager(self.kv_cache_config.num_blocks, p.block_size,
-                                 config.enable_prefix_caching)
+                                 config.enable_prefix_caching,
+                                 match_next_token=self.proposer is not None)
         lookahead = k if self.proposer is not None else 0
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    lookahead)

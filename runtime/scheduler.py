@@ -74,7 +74,7 @@ class Scheduler:
         while self.kv.allocate_slots(seq.request_id, seq.token_ids, seq.num_computed_tokens,
                                      num_new, self.num_lookahead_tokens) is None:
             victim = self.running.pop()
-            self.kv.free(victim.request_id)
+            self.kv.free(victim.request_id, victim.token_ids)
             victim.reset_for_recompute()
             self.waiting.appendleft(victim)
             self.num_preemptions += 1
@@ -104,7 +104,7 @@ class Scheduler:
         """Mutates: frees the request's blocks and drops it from running/waiting."""
         seq.status = Status.FINISHED
         seq.finish_reason = reason
-        self.kv.free(seq.request_id)
+        self.kv.free(seq.request_id, seq.token_ids)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -31,14 +31,19 @@ def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
 
 
 class KVBlock:
-    """One block of KV slots (mutable). prev_free/next_free link it into the free queue."""
+    """One block of KV slots (mutable). prev_free/next_free link it into the free queue.
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    next_token: for a cached block, the token that followed it in the request that cached it
+    (None until that request has it). A drafter's KV at a block's last position pairs the
+    target's state there with the next token, which the block's hash does not cover."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "next_token", "prev_free", "next_free")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
+        self.next_token: int | None = None
         self.prev_free: KVBlock | None = None
         self.next_free: KVBlock | None = None
 
@@ -154,6 +159,7 @@ class BlockPool:
             if block.block_hash is not None:
                 del self._cached[block.block_hash]
                 block.block_hash = None
+                block.next_token = None
             block.ref_cnt = 1
         return blocks
 

@@ -28,28 +28,35 @@ class _Hits(NamedTuple):
 
 
 class _RequestBlocks:
-    """A request's block table and the chained hashes of its leading full, verified blocks."""
+    """A request's block table, the chained hashes of its leading full, verified blocks, and how
+    many of those have their next token noted (KVBlock.next_token)."""
 
-    __slots__ = ("blocks", "block_hashes")
+    __slots__ = ("blocks", "block_hashes", "num_noted")
 
     def __init__(self) -> None:
         self.blocks: list[KVBlock] = []
         self.block_hashes: list[int] = []
+        self.num_noted = 0
 
 
 class KVCacheManager:
     """Block tables, prefix caching and usage accounting for all requests (mutable)."""
 
-    __slots__ = ("block_size", "enable_prefix_caching", "_pool", "_requests", "_hit_tokens",
-                 "_queried_tokens")
+    __slots__ = ("block_size", "enable_prefix_caching", "match_next_token", "_pool", "_requests",
+                 "_hit_tokens", "_queried_tokens")
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        match_next_token: bool = False,
     ) -> None:
+        """match_next_token: a hit's last block must have been followed by the same token as in
+        the request that takes it (an EAGLE drafter's KV at that block's last position was
+        written with the token after it; see get_computed_blocks)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.match_next_token = match_next_token
         self._pool = BlockPool(num_blocks, enable_prefix_caching)
         self._requests: dict[str, _RequestBlocks] = {}
         self._hit_tokens = 0
@@ -94,18 +101,26 @@ class KVCacheManager:
         Never covers the whole sequence: at most (len(token_ids) - 1) // block_size blocks, so at
         least one token is left to compute for its logits. Example, block_size 4: 8 tokens ->
         at most 1 block (4 tokens) even if both blocks are cached; 9 tokens -> at most 2.
+
+        With match_next_token, the hit ends before its last block while that block was followed
+        by another token (or one not known) in the request that cached it: the blocks' hashes
+        cover their own tokens, not the one after, which a drafter's KV at the last position
+        depends on. Example, block_size 4: [1..8, 9, 10] after [1..8, 7, 7] -> 1 block.
         """
         if not self.enable_prefix_caching or not token_ids:
             return ComputedBlocks([], 0)
-        block_ids: list[int] = []
+        blocks: list[KVBlock] = []
         parent: int | None = None
         for index in range((len(token_ids) - 1) // self.block_size):
             parent = hash_block_tokens(parent, self._block_tokens(token_ids, index))
             block = self._pool.get_cached_block(parent)
             if block is None:
                 break
-            block_ids.append(block.block_id)
-        return ComputedBlocks(block_ids, len(block_ids) * self.block_size)
+            blocks.append(block)
+        if self.match_next_token:
+            while blocks and blocks[-1].next_token != token_ids[len(blocks) * self.block_size]:
+                blocks.pop()
+        return ComputedBlocks([b.block_id for b in blocks], len(blocks) * self.block_size)
 
     def allocate_slots(
         self,
@@ -159,13 +174,17 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             num_verified = min(len(token_ids), num_computed_tokens + num_new_tokens)
             self._cache_full_blocks(state, token_ids, num_verified // self.block_size)
+            self._note_next_tokens(state, token_ids)
         return [block.block_id for block in new_blocks]
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: str, token_ids: Sequence[int] = ()) -> None:
         """Release the request's blocks, tail first so its last blocks are evicted first (its
-        leading blocks are the likeliest to be shared). Unknown request: no-op."""
+        leading blocks are the likeliest to be shared). token_ids: the request's tokens now
+        (its last cached block may be followed by one it did not have at its last allocation).
+        Unknown request: no-op."""
         state = self._requests.pop(request_id, None)
         if state is not None:
+            self._note_next_tokens(state, token_ids)
             self._pool.free_blocks(reversed(state.blocks))
 
     def _checked_hits(
@@ -206,6 +225,18 @@ class KVCacheManager:
             block_hash = hash_block_tokens(parent, self._block_tokens(token_ids, index))
             state.block_hashes.append(block_hash)
             self._pool.cache_full_block(state.blocks[index], block_hash)
+
+    def _note_next_tokens(self, state: _RequestBlocks, token_ids: Sequence[int]) -> None:
+        """Note on each block this request cached the token that follows it, once known (only
+        the last cached block can still be waiting for it). A block a hit brought already has
+        its own note, and one whose hash another block caches is not cached."""
+        while (state.num_noted < len(state.block_hashes)
+               and (state.num_noted + 1) * self.block_size < len(token_ids)):
+            index = state.num_noted
+            block = state.blocks[index]
+            if block.block_hash == state.block_hashes[index] and block.next_token is None:
+                block.next_token = token_ids[(index + 1) * self.block_size]
+            state.num_noted += 1
 
     def _block_tokens(self, token_ids: Sequence[int], index: int) -> Sequence[int]:
         """Tokens of block `index`: token_ids[index * block_size : (index + 1) * block_size]."""

@@ -148,3 +148,21 @@ def test_rejects_bad_hits_and_counts() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         manager.allocate_slots("b", list(range(9)), 0, -1)
     assert manager.block_ids("a") == [1, 2, 3] and manager.num_free_blocks == 6
+
+
+def test_with_match_next_token_a_hit_ends_where_the_token_after_it_differs() -> None:
+    """A drafter's KV at a block's last position was written with the token after the block:
+    the hit keeps its last block only where that token is the same."""
+    manager = KVCacheManager(num_blocks=12, block_size=BS, match_next_token=True)
+    manager.allocate_slots("a", list(range(8)) + [7, 7], 0, 10)  # blocks 1, 2 cached
+    assert manager.get_computed_blocks(list(range(8)) + [9, 10]) == ComputedBlocks([1], 4)
+    assert manager.get_computed_blocks(list(range(8)) + [7, 10]) == ComputedBlocks([1, 2], 8)
+    # a block full of the prompt: its next token comes with a later allocation, or at free
+    manager.allocate_slots("b", list(range(20, 28)), 0, 8)  # blocks 4, 5 cached
+    assert manager.get_computed_blocks(list(range(20, 28)) + [5, 6]) == ComputedBlocks([4], 4)
+    manager.free("b", list(range(20, 28)) + [5])
+    assert manager.get_computed_blocks(list(range(20, 28)) + [5, 6]) == ComputedBlocks([4, 5], 8)
+    assert manager.get_computed_blocks(list(range(20, 28)) + [6, 5]) == ComputedBlocks([4], 4)
+    plain = KVCacheManager(num_blocks=12, block_size=BS)
+    plain.allocate_slots("a", list(range(8)) + [7, 7], 0, 10)
+    assert plain.get_computed_blocks(list(range(8)) + [9, 10]) == ComputedBlocks([1, 2], 8)

@@ -237,3 +237,53 @@ def test_a_seeded_sample_is_the_same_with_or_without_drafts_whatever_the_batch(
         if engine_kw["kv_cache_memory"] < 1 << 20:
             assert engine.scheduler.num_preemptions > 0
     assert len({toks for toks in plain.values()}) == len(prompts)
+
+
+@pytest.mark.parametrize(("earlier", "hit_tokens"), [((90, 91, 92), 8), ((40, 91, 92), 12)])
+def test_a_prefix_hit_drafts_as_a_fresh_engine_does(
+        tiny_model_dir: Path, tmp_path: Path, earlier: tuple[int, ...], hit_tokens: int) -> None:
+    """The drafter's KV at a hit's last position pairs it with the token after the hit: an
+    earlier request with another token there must not lend it its KV (the hit ends a block
+    sooner), one with the same token may."""
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=2)
+    prefix = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]  # three blocks of 4
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+
+    def run(engine: Engine, request: GenerationRequest
+            ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """The drafts `request` got, and its drafter KV at the prefix's last position after
+        its first step."""
+        proposer = engine.runner.proposer
+        assert proposer is not None
+        propose, drafts, kv = proposer.propose, [], []
+
+        def recording(step, out, *args):  # noqa: ANN001, ANN202
+            proposed = propose(step, out, *args)
+            for s, d in zip(out.scheduled, proposed, strict=True):
+                if s.seq.request_id == request.request_id:
+                    drafts.append(d)
+                    block = engine.kv.block_ids(request.request_id)[11 // 4]
+                    kv.extend(engine.runner.kv_caches[name][:, block, 11 % 4].clone()
+                              for name in proposer.drafter.layer_names)
+            return proposed
+
+        proposer.propose = recording  # type: ignore[method-assign]
+        list(engine.generate([request]))
+        proposer.propose = propose  # type: ignore[method-assign]
+        return drafts, kv[:2]
+
+    def engine() -> Engine:
+        return Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                   kv_cache_memory=1 << 20, drafter=str(drafter),
+                                   num_speculative_tokens=2, draft_confidence=0.0,
+                                   draft_ngram=False))
+
+    x = GenerationRequest("x", tuple(prefix + [40, 41, 42]), params)
+    fresh_drafts, fresh_kv = run(engine(), x)
+    shared = engine()
+    list(shared.generate([GenerationRequest("y", tuple(prefix + list(earlier)), params)]))
+    before = shared.kv.hits_tokens
+    drafts, kv = run(shared, x)
+    assert shared.kv.hits_tokens - before == hit_tokens
+    assert all(torch.equal(a, b) for a, b in zip(kv, fresh_kv, strict=True))
+    assert drafts == fresh_drafts
