@@ -11,6 +11,7 @@ prompt and the outputs it already has, so nothing is lost.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,6 +44,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # called with a request id as its blocks are freed: the first position whose KV is
+        # not complete yet (a drafter's rows still waiting to be written), or None
+        self.incomplete_from: Callable[[str], int | None] = lambda request_id: None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -74,7 +78,7 @@ class Scheduler:
         while self.kv.allocate_slots(seq.request_id, seq.token_ids, seq.num_computed_tokens,
                                      num_new, self.num_lookahead_tokens) is None:
             victim = self.running.pop()
-            self.kv.free(victim.request_id, victim.token_ids)
+            self._free(victim)
             victim.reset_for_recompute()
             self.waiting.appendleft(victim)
             self.num_preemptions += 1
@@ -104,8 +108,11 @@ class Scheduler:
         """Mutates: frees the request's blocks and drops it from running/waiting."""
         seq.status = Status.FINISHED
         seq.finish_reason = reason
-        self.kv.free(seq.request_id, seq.token_ids)
+        self._free(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        self.kv.free(seq.request_id, seq.token_ids, self.incomplete_from(seq.request_id))

@@ -156,10 +156,7 @@ class BlockPool:
             raise ValueError(f"asked for {num_blocks} blocks, only {len(self._free)} free")
         blocks = [self._free.popleft() for _ in range(num_blocks)]
         for block in blocks:
-            if block.block_hash is not None:
-                del self._cached[block.block_hash]
-                block.block_hash = None
-                block.next_token = None
+            self.uncache(block)
             block.ref_cnt = 1
         return blocks
 
@@ -202,6 +199,14 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self._cached[block_hash] = block
+
+    def uncache(self, block: KVBlock) -> None:
+        """Drop the block from the prefix cache (its KV stays valid for the requests that hold
+        it). No-op for a block that is not cached."""
+        if block.block_hash is not None:
+            del self._cached[block.block_hash]
+            block.block_hash = None
+            block.next_token = None
 
     def _check_not_null(self, block: KVBlock) -> None:
         if block.block_id == NULL_BLOCK_ID:

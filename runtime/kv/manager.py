@@ -28,14 +28,16 @@ class _Hits(NamedTuple):
 
 
 class _RequestBlocks:
-    """A request's block table, the chained hashes of its leading full, verified blocks, and how
-    many of those have their next token noted (KVBlock.next_token)."""
+    """A request's block table, the chained hashes of its leading full, verified blocks, how
+    many of those came from prefix hits, and how many have their next token noted
+    (KVBlock.next_token)."""
 
-    __slots__ = ("blocks", "block_hashes", "num_noted")
+    __slots__ = ("blocks", "block_hashes", "num_hits", "num_noted")
 
     def __init__(self) -> None:
         self.blocks: list[KVBlock] = []
         self.block_hashes: list[int] = []
+        self.num_hits = 0
         self.num_noted = 0
 
 
@@ -169,6 +171,7 @@ class KVCacheManager:
         self._pool.touch(hits.blocks)  # before get_new_blocks, so it cannot evict them
         state.blocks.extend(hits.blocks)
         state.block_hashes.extend(hits.hashes)
+        state.num_hits += len(hits.blocks)
         new_blocks = self._pool.get_new_blocks(num_to_allocate)
         state.blocks.extend(new_blocks)
         if self.enable_prefix_caching:
@@ -177,15 +180,25 @@ class KVCacheManager:
             self._note_next_tokens(state, token_ids)
         return [block.block_id for block in new_blocks]
 
-    def free(self, request_id: str, token_ids: Sequence[int] = ()) -> None:
+    def free(self, request_id: str, token_ids: Sequence[int] = (),
+             num_complete: int | None = None) -> None:
         """Release the request's blocks, tail first so its last blocks are evicted first (its
         leading blocks are the likeliest to be shared). token_ids: the request's tokens now
         (its last cached block may be followed by one it did not have at its last allocation).
-        Unknown request: no-op."""
+        num_complete: positions from this one on lack KV in some layers (a drafter's rows that
+        waited for a step that drafts: runtime.speculative.proposer), so the blocks it cached
+        that hold them leave the prefix cache; None: all are complete. Unknown request: no-op.
+        """
         state = self._requests.pop(request_id, None)
-        if state is not None:
-            self._note_next_tokens(state, token_ids)
-            self._pool.free_blocks(reversed(state.blocks))
+        if state is None:
+            return
+        self._note_next_tokens(state, token_ids)
+        if num_complete is not None:
+            first = max(state.num_hits, num_complete // self.block_size)
+            for index in range(first, len(state.block_hashes)):
+                if state.blocks[index].block_hash == state.block_hashes[index]:
+                    self._pool.uncache(state.blocks[index])
+        self._pool.free_blocks(reversed(state.blocks))
 
     def _checked_hits(
         self,

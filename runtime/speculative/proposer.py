@@ -24,7 +24,9 @@ steps 2..k run only when some request has no such proposal. Step 1's forward run
 A step that drafts nothing (more greedy requests than max_batch) runs the drafter only over prompt
 positions (their blocks may serve later requests through the prefix cache): each other request's
 step-1 rows (input ids, target features) are stashed and put in front of its rows in the next step
-that drafts, so the drafter's KV ends up the same, written later.
+that drafts it, so the drafter's KV ends up the same, written later. A request that finishes or is
+preempted with rows still stashed leaves them unwritten: release() tells the KV cache manager
+where, and the blocks holding them leave the prefix cache.
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ class EagleProposer:
         """Called once the KV cache exists (after validate_same_kv_cache_group)."""
         self.kv_caches = {name: kv_caches[name] for name in self.layer_names}
         self.block_size = block_size
+
+    def release(self, request_id: str) -> int | None:
+        """The request's blocks are being freed: drops its stash; returns the first position
+        whose drafter KV it left unwritten, or None when none."""
+        kept = self._stashed.pop(request_id, None)
+        return None if kept is None else kept[0]
 
     def step_metadata(self, md: AttentionMetadata) -> dict[str, AttentionMetadata]:
         """The one metadata object of a draft step, given to every draft layer."""
@@ -194,10 +202,12 @@ class EagleProposer:
                skip: set[int]) -> None:
         """A step in which the drafter does not draft: instead of running it, keep each
         request's new positions (input ids and target features) for the next step that drafts,
-        except the requests in `skip`. A request's stash must end where its next rows start;
-        one that does not (preempted and recomputed) or that is not scheduled (finished) is
-        dropped."""
-        stash: dict[str, tuple[int, list[int], torch.Tensor]] = {}
+        except the requests in `skip`. A request's stash must end where its next rows start
+        (one that does not is stale and dropped); a request not scheduled in this step keeps
+        its stash (release() drops it when the request's blocks are freed)."""
+        scheduled = {s.seq.request_id for s in out.scheduled}
+        stash = {request_id: kept for request_id, kept in self._stashed.items()
+                 if request_id not in scheduled}
         for i, start, _, ids, part in _per_request(rows, feats):
             if i in skip:
                 continue
@@ -210,7 +220,7 @@ class EagleProposer:
     def _with_stashed(self, out: SchedulerOutput, rows: DraftRows, feats: torch.Tensor
                       ) -> tuple[DraftRows, torch.Tensor]:
         """rows with each request's stashed positions put in front of its own (the drafter
-        writes their KV in this step 1); empties the stash."""
+        writes their KV in this step 1); the stashes of requests not scheduled stay."""
         if not self._stashed:
             return rows, feats
         r = DraftRows([], [], [], [], [], [], rows.sampling)
@@ -229,7 +239,9 @@ class EagleProposer:
             r.query_lens.append(start + n - first)
             if i in rows.sampling:
                 r.last_rows.append(len(r.input_ids) - 1)
-        self._stashed = {}
+        scheduled = {s.seq.request_id for s in out.scheduled}
+        self._stashed = {request_id: kept for request_id, kept in self._stashed.items()
+                         if request_id not in scheduled}
         return r, torch.cat(pieces)
 
     def _stash_ending_at(self, request_id: str, start: int

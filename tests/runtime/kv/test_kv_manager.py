@@ -166,3 +166,18 @@ def test_with_match_next_token_a_hit_ends_where_the_token_after_it_differs() -> 
     plain = KVCacheManager(num_blocks=12, block_size=BS)
     plain.allocate_slots("a", list(range(8)) + [7, 7], 0, 10)
     assert plain.get_computed_blocks(list(range(8)) + [9, 10]) == ComputedBlocks([1, 2], 8)
+
+
+def test_free_with_incomplete_positions_uncaches_the_blocks_holding_them() -> None:
+    """Blocks the request cached that hold positions >= num_complete leave the prefix cache;
+    earlier ones, and blocks a hit brought, stay."""
+    manager = KVCacheManager(num_blocks=12, block_size=BS)
+    manager.allocate_slots("a", list(range(9)), 0, 9)  # blocks 1, 2 cached
+    hit = manager.get_computed_blocks(list(range(4)) + [50, 51, 52, 53, 54])
+    assert hit == ComputedBlocks([1], 4)
+    b = list(range(4)) + [50, 51, 52, 53, 54, 55, 56, 57, 58]
+    manager.allocate_slots("b", b, 4, 9, new_computed_block_ids=hit.block_ids)  # 4, 5 cached
+    manager.free("b", b, num_complete=2)  # inside the hit: only its own blocks go
+    assert manager.get_computed_blocks(b + [0]) == ComputedBlocks([1], 4)
+    manager.free("a", list(range(9)), num_complete=6)
+    assert manager.get_computed_blocks(list(range(9))) == ComputedBlocks([1], 4)
