@@ -121,8 +121,10 @@ def main() -> None:
               help="Sample among the k most likely tokens only (0 = off). A top_k column "
                    "overrides it.")
 @click.option("--seed", default=None, type=int,
-              help="Random seed for sampling, so reruns draw the same tokens. A seed column "
-                   "overrides it.")
+              help="Random seed for sampling, so reruns draw the same tokens; each row draws "
+                   "from its own seed, derived from this one and the row id (rows with the same "
+                   "prompt get independent samples). A seed column overrides it for its row "
+                   "and is used as given (with --n 1).")
 @click.option("--stop", multiple=True, callback=lambda ctx, param, value: _stop_strings(value),
               help="Stop generating when this string appears (may be given several times); the "
                    "completion is cut before it. A stop column (list<string>) overrides it.")

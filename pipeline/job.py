@@ -225,8 +225,8 @@ def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfi
     except PlacementError as exc:
         raise JobError(str(exc)) from None
     except KVCacheBudgetError as exc:
-        raise JobError(f"--kv-cache-memory {config.kv_cache_memory or '(default)'}: "
-                       f"{' '.join(str(exc).split())}") from None
+        given = "(default)" if config.kv_cache_memory is None else config.kv_cache_memory
+        raise JobError(f"--kv-cache-memory {given}: {one_line(exc)}") from None
     except (OSError, ValueError) as exc:
         what = f"--model {config.model}"
         if config.drafter:

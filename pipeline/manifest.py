@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.atomic import is_temp_name, write_bytes_atomically
 from pipeline.config import JobError
-from pipeline.sources import part_name
+from pipeline.sources import is_part_name, part_name
 from pipeline.stats import STATS_FILE, Counts, total
 
 MANIFEST_FILE = "manifest.json"
@@ -93,7 +93,7 @@ def our_files(output_dir: str) -> list[str]:
         return []
     return sorted(n for n in os.listdir(output_dir)
                   if n in (MANIFEST_FILE, STATS_FILE, SUCCESS_FILE) or is_temp_name(n)
-                  or (n.startswith("part-") and n.endswith(".parquet")))
+                  or is_part_name(n))
 
 
 def clear_outputs(output_dir: str) -> None:

@@ -113,6 +113,8 @@ def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:
     """How `schema` differs from `first` in columns and types (metadata aside), or None."""
     if schema.equals(first, check_metadata=False):
         return None
+    if (twice := repeated_name(schema.names)) is not None:
+        return f"two columns named {twice!r}"
     missing = [n for n in first.names if n not in schema.names]
     extra = [n for n in schema.names if n not in first.names]
     if missing or extra:
@@ -130,6 +132,9 @@ def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:
 def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
     """Refuse an input schema we cannot generate from; return whether it has the id column."""
     names = schema.names
+    if (twice := repeated_name(names)) is not None:
+        raise JobError(f"{path}: the input has two columns named {twice!r}; column names must "
+                       f"be unique")
     if config.messages_column is not None:
         _check_column(schema, path, config.messages_column, is_messages_type,
                       "list<struct<role: string, content: string>>", "--messages-column")
@@ -155,9 +160,17 @@ def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
         raise JobError(f"--id-column {config.id_column!r}: {path} has no such column, so ids "
                        f"would be written to a new one, but that is the name of an output "
                        f"column; choose another (output columns: {', '.join(reserved)})")
-    if len(set(names)) != len(names):
-        raise JobError(f"{path}: the input has two columns with the same name")
     return has_id
+
+
+def repeated_name(names: list[str]) -> str | None:
+    """The first name that occurs twice in `names`, or None."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 def _check_column(schema: pa.Schema, path: str, column: str,

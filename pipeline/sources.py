@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import JobConfig, JobError, one_line
 from pipeline.schema import check_input_schema, python_values, schema_difference
+from pipeline.stats import STATS_FILE
 
 _SCAN_BATCH_ROWS = 65_536
 
@@ -59,6 +61,14 @@ def part_name(shard_id: int) -> str:
     return f"part-{shard_id:05d}.parquet"
 
 
+_PART_NAME = re.compile(r"part-\d{5,}\.parquet")
+
+
+def is_part_name(name: str) -> bool:
+    """Whether `name` is a part file's (part-00000.parquet, part-123456.parquet)."""
+    return _PART_NAME.fullmatch(name) is not None
+
+
 class InputPlan(NamedTuple):
     files: list[InputFile]
     schema: pa.Schema  # of every input file
@@ -66,8 +76,10 @@ class InputPlan(NamedTuple):
     shards: list[Shard]
 
 
-def resolve_input(spec: str) -> list[str]:
-    """INPUT is a Parquet file, a directory of Parquet files (sorted by name) or a glob."""
+def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
+    """INPUT is a Parquet file, a directory of Parquet files (sorted by name) or a glob. A glob
+    leaves out the files a job writes in output_dir ('data/*/*.parquet' into data/out matches
+    data/out/part-00000.parquet once the job has written it)."""
     if os.path.isfile(spec):
         return [spec]
     if os.path.isdir(spec):
@@ -76,10 +88,17 @@ def resolve_input(spec: str) -> list[str]:
         if not names:
             raise JobError(f"input directory {spec} holds no .parquet files")
         return [os.path.join(spec, n) for n in names]
-    matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+    matches = sorted(p for p in glob.glob(spec, recursive=True)
+                     if os.path.isfile(p) and not _written_by_job(p, output_dir))
     if not matches:
         raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
     return matches
+
+
+def _written_by_job(path: str, output_dir: str | None) -> bool:
+    name = os.path.basename(path)
+    return (output_dir is not None and (is_part_name(name) or name == STATS_FILE)
+            and os.path.realpath(os.path.dirname(path)) == os.path.realpath(output_dir))
 
 
 def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
@@ -87,7 +106,7 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
     files: list[InputFile] = []
     first_schema: pa.Schema | None = None
     has_id = False
-    for path in resolve_input(config.input):
+    for path in resolve_input(config.input, config.output_dir):
         try:
             meta = pq.ParquetFile(path).metadata
         except (pa.ArrowException, OSError) as exc:

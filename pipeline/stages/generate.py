@@ -3,6 +3,9 @@
 Request ids are "<row>:<sample>" (row = index within the shard), so a completion finds its row
 whatever order the engine finishes in. With n > 1 every sample gets its own seed, derived from
 (row seed or job seed, row id, sample index): a rerun, or a resumed shard, draws the same samples.
+With n = 1 so does every row under a job seed (rows would otherwise share one seed: the same
+prompt twice, the same sample, and other prompts the same uniforms at each position); a row's own
+seed is used as given.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def build_requests(prepared: Sequence[PreparedRow], row_ids: Sequence[str],
         assert item.prompt_token_ids is not None and item.params is not None
         for sample in range(n):
             params = item.params
-            if n > 1:
+            if n > 1 or (params.seed is not None and not item.row_seed):
                 params = replace(params, seed=sample_seed(params.seed, row_id, sample))
             yield GenerationRequest(f"{row}:{sample}", item.prompt_token_ids, params)
 

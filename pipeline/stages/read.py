@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.Recor
             groups.append(index)
         group_start += rows
     position = first_row
+    _check_unchanged(shard)
     try:
         for batch in pq.ParquetFile(shard.file.path).iter_batches(batch_rows, row_groups=groups):
             lo = max(shard.start - position, 0)
@@ -41,6 +43,23 @@ def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.Recor
     except (pa.ArrowException, OSError) as exc:
         raise JobError(f"{shard.file.path}: cannot read rows {shard.start}-{shard.stop} "
                        f"({' '.join(str(exc).split())})") from None
+
+
+def _check_unchanged(shard: Shard) -> None:
+    """Refuse to read a shard from a file that changed since the job planned its shards (its row
+    groups may hold other rows now: rows would be lost or read twice)."""
+    f = shard.file
+    try:
+        stat = os.stat(f.path)
+    except OSError as exc:
+        raise JobError(f"{f.path}: cannot read rows {shard.start}-{shard.stop} "
+                       f"({exc.strerror or exc}); was it removed during the job?") from None
+    if (stat.st_size, stat.st_mtime_ns) != (f.size, f.mtime_ns):
+        change = (f"size {f.size} -> {stat.st_size} bytes" if stat.st_size != f.size
+                  else "modified")
+        raise JobError(f"{f.path} changed while the job ran ({change}); the shards committed "
+                       f"so far were read from it as it was: rerun with --overwrite to start "
+                       f"over from the files as they are now")
 
 
 def read_shard_table(shard: Shard) -> pa.Table:

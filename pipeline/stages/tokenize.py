@@ -23,6 +23,7 @@ class PreparedRow(NamedTuple):
     params: SamplingParams | None  # None on error
     max_tokens_clamped: bool
     error: str | None
+    row_seed: bool = False  # params.seed is the row's own (its seed column), not the job's
 
 
 class TokenizeOptions(NamedTuple):
@@ -137,6 +138,7 @@ def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
     except ValueError as exc:
         return PreparedRow(ids, None, False, f"bad per-row sampling option: {exc}")
     room = limit - len(ids)
+    row_seed = "seed" in changes
     if params.max_tokens > room:
-        return PreparedRow(ids, replace(params, max_tokens=room), True, None)
-    return PreparedRow(ids, params, False, None)
+        return PreparedRow(ids, replace(params, max_tokens=room), True, None, row_seed)
+    return PreparedRow(ids, params, False, None, row_seed)

@@ -180,3 +180,78 @@ def test_a_config_that_disagrees_with_its_weights_names_the_tensor(tiny_model_di
             f"cannot load --model {model}: checkpoint does not match its config.json: "
             "model.layers.0.mlp.down_proj.weight has shape (64, 128), the config gives (64, 96)")):
         build_engine(Engine, EngineConfig(model=str(model), kv_cache_memory=1 << 20))
+
+
+def test_repeated_column_names_are_refused_naming_the_column(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    twice = pa.table([pa.array(["a"]), pa.array(["hi"]), pa.array(["yo"])],
+                     names=["id", "prompt", "prompt"])
+    pq.write_table(twice, tmp_path / "twice.parquet")
+    with pytest.raises(JobError, match=f"^{tmp_path / 'twice.parquet'}: the input has two "
+                                       "columns named 'prompt'; column names must be unique$"):
+        run_job(_config(tmp_path, tiny_model_dir, input=str(tmp_path / "twice.parquet")),
+                progress=False)
+    write_parquet(tmp_path / "in" / "a.parquet", {"id": ["a"], "prompt": ["hi"], "x": [1]})
+    pq.write_table(pa.table([pa.array(["b"]), pa.array(["yo"]), pa.array([1]), pa.array([2])],
+                            names=["id", "prompt", "x", "x"]), tmp_path / "in" / "b.parquet")
+    with pytest.raises(JobError, match="b.parquet: its schema differs from .*a.parquet's: two "
+                                       "columns named 'x'; "):
+        run_job(_config(tmp_path, tiny_model_dir), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_glob_that_matches_the_jobs_own_part_files_resumes(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """'data/*/*.parquet' into data/out: once part files exist there, the glob matches them; they
+    are the job's outputs, not its input."""
+    data = tmp_path / "data"
+    write_parquet(data / "2024" / "a.parquet", {"id": ["a", "b"], "prompt": PROMPTS[:2]})
+    write_parquet(data / "2025" / "b.parquet", {"id": ["c"], "prompt": PROMPTS[2:]})
+    (data / "out").mkdir()
+    write_parquet(data / "out" / "part-notes.parquet", {"id": ["z"], "prompt": ["mine"]})
+    config = _config(tmp_path, tiny_model_dir, input=str(data / "*" / "*.parquet"),
+                     output_dir=str(data / "out"))
+    with pytest.raises(JobError, match="OUTPUT_DIR .* holds the input file .*part-notes.parquet"):
+        run_job(config, lambda _: tiny_engine, progress=False)
+    (data / "out" / "part-notes.parquet").rename(data / "notes.parquet")
+    write_part = pipeline.shard.write_part
+
+    def stop_after_the_first(output_dir: str, name: str, table: pa.Table) -> None:
+        write_part(output_dir, name, table)
+        raise KeyboardInterrupt  # the job is killed after its first part file
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline.shard, "write_part", stop_after_the_first)
+        with pytest.raises(KeyboardInterrupt):
+            run_job(config, lambda _: tiny_engine, progress=False)
+    assert (data / "out" / "part-00000.parquet").exists()
+    summary = run_job(config, lambda _: tiny_engine, progress=False)
+    assert (summary.shards_resumed + summary.shards_run, summary.complete) == (2, True)
+    assert read_parts(data / "out").column("id").to_pylist() == ["a", "b", "c"]
+
+
+def test_an_input_file_changed_during_the_job_stops_it_naming_the_file(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards are planned from the files' row groups at the start: a file rewritten meanwhile
+    would give other rows (or miss its new ones) with a _SUCCESS."""
+    write_parquet(tmp_path / "in" / "a.parquet", {"id": ["a", "b"], "prompt": PROMPTS[:2]})
+    second = write_parquet(tmp_path / "in" / "b.parquet", {"id": ["c"], "prompt": PROMPTS[2:]})
+    write_part = pipeline.shard.write_part
+
+    def growing_b(output_dir: str, name: str, table: pa.Table) -> None:
+        write_part(output_dir, name, table)
+        write_parquet(second, {"id": ["c", "d", "e"], "prompt": PROMPTS})
+
+    monkeypatch.setattr(pipeline.shard, "write_part", growing_b)
+    with pytest.raises(JobError, match=f"^{second} changed while the job ran \\(size "
+                                       r"\d+ -> \d+ bytes\); the shards committed so far were "
+                                       "read from it as it was: rerun with --overwrite"):
+        run_job(_config(tmp_path, tiny_model_dir), lambda _: tiny_engine, progress=False)
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def test_a_kv_cache_budget_of_zero_is_named_as_given(tiny_model_dir: Path) -> None:
+    config = EngineConfig(model=str(tiny_model_dir), kv_cache_memory=0)
+    with pytest.raises(JobError, match="^--kv-cache-memory 0: KV cache budget of 0 bytes "):
+        build_engine(Engine, config)

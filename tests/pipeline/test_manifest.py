@@ -82,13 +82,15 @@ def test_changed_input_is_refused(inputs: list, change: str) -> None:
 
 def test_clear_outputs_removes_only_the_job_files(tmp_path: Path) -> None:
     for name in ("part-00000.parquet", "part-00001.parquet", "manifest.json", "stats.parquet",
-                 "_SUCCESS", ".part-00002.parquet.tmp-123", "notes.txt", "partial.csv"):
+                 "_SUCCESS", ".part-00002.parquet.tmp-123", "notes.txt", "partial.csv",
+                 "part-notes.parquet", "part-001.parquet"):
         (tmp_path / name).write_text("x")
     assert our_files(str(tmp_path)) == [".part-00002.parquet.tmp-123", "_SUCCESS",
                                         "manifest.json", "part-00000.parquet",
                                         "part-00001.parquet", "stats.parquet"]
     clear_outputs(str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "partial.csv"]
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "part-001.parquet",
+                                            "part-notes.parquet", "partial.csv"]
 
 
 def test_committed_shards_whose_part_file_is_gone_are_forgotten(tmp_path: Path) -> None:

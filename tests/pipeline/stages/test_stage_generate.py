@@ -13,7 +13,7 @@ from runtime.request import GenerationRequest
 GREEDY = SamplingParams(max_tokens=4)
 ROWS = [PreparedRow((1, 50, 60), GREEDY, False, None),
         PreparedRow(None, None, False, "prompt is null"),
-        PreparedRow((1, 70), replace(GREEDY, seed=5), False, None)]
+        PreparedRow((1, 70), replace(GREEDY, seed=5), False, None, row_seed=True)]
 
 
 def test_sample_seed_is_a_fixed_function_of_its_inputs() -> None:
@@ -37,6 +37,27 @@ def test_n_samples_get_seeds_from_job_or_row_seed_row_id_and_index() -> None:
         sample_seed(None, "a", 0), sample_seed(None, "a", 1),
         sample_seed(5, "c", 0), sample_seed(5, "c", 1)]
     assert [r.params.max_tokens for r in requests] == [4, 4, 4, 4]
+
+
+def test_under_a_job_seed_each_row_gets_its_own() -> None:
+    """A job seed (not a row's seed column) is mixed with the row id even for one sample, so
+    the same prompt twice gets independent samples; a row's own seed is used as given."""
+    seeded = replace(GREEDY, temperature=1.0, seed=7)
+    rows = [PreparedRow((1, 50), seeded, False, None), PreparedRow((1, 50), seeded, False, None),
+            PreparedRow((1, 50), seeded, False, None, row_seed=True)]
+    requests = list(build_requests(rows, ["a", "b", "c"], n=1))
+    assert [r.params.seed for r in requests] == [sample_seed(7, "a", 0), sample_seed(7, "b", 0),
+                                                 7]
+
+
+def test_same_prompt_under_a_job_seed_samples_differently(tiny_engine: Any) -> None:
+    seeded = replace(GREEDY, max_tokens=12, temperature=1.0, seed=7)
+    rows = [PreparedRow((1, 50), seeded, False, None)] * 2
+    first, second = sorted(generate_rows(tiny_engine, rows, ["a", "b"], n=1))
+    again = sorted(generate_rows(tiny_engine, rows, ["a", "b"], n=1))
+    assert first.completion.token_ids != second.completion.token_ids
+    assert [r.completion.token_ids for r in again] == [first.completion.token_ids,
+                                                       second.completion.token_ids]
 
 
 def test_requests_are_pulled_lazily() -> None:
