@@ -157,8 +157,9 @@ def main() -> None:
               help="torch CPU threads (default: torch's choice). On a busy machine fewer "
                    "threads than cores is often much faster.")
 @click.option("--overwrite", is_flag=True,
-              help="Delete this job's earlier outputs in OUTPUT_DIR (part files, stats, manifest) "
-                   "instead of resuming; needed when the options or the input changed.")
+              help="Delete this job's earlier outputs in OUTPUT_DIR (part files, stats, manifest, "
+                   "and a report of them written there) instead of resuming; needed when the "
+                   "options or the input changed.")
 @click.option("--runner", default="local", show_default=True, type=click.Choice(["local", "ray"]),
               help="local: one engine in this process. ray: one engine per Ray worker, shards "
                    "spread over the workers (needs the ray extra). Output and resume are the same "

@@ -22,6 +22,10 @@ from pipeline.sources import is_part_name, part_name
 from pipeline.stats import STATS_FILE, Counts, total
 
 MANIFEST_FILE = "manifest.json"
+# what `eaglebatch report` writes into a job's OUTPUT_DIR (pipeline.bench.job_report)
+JOB_REPORT_FILE = "report.md"
+JOB_PLOTS = {"throughput": "shard_tokens_per_s.png", "acceptance": "acceptance_by_position.png",
+             "errors": "errors_by_shard.png"}
 SUCCESS_FILE = "_SUCCESS"
 LOCK_FILE = ".eaglebatch.lock"
 _VERSION = 1
@@ -97,8 +101,13 @@ def our_files(output_dir: str) -> list[str]:
 
 
 def clear_outputs(output_dir: str) -> None:
-    for name in our_files(output_dir):
-        os.remove(os.path.join(output_dir, name))
+    """Removes the job's files (--overwrite), and the report of them `eaglebatch report` wrote
+    there, if any (it would describe discarded outputs)."""
+    report = ([JOB_REPORT_FILE, *JOB_PLOTS.values()]
+              if os.path.exists(os.path.join(output_dir, MANIFEST_FILE)) else [])
+    for name in our_files(output_dir) + report:
+        if os.path.exists(path := os.path.join(output_dir, name)):
+            os.remove(path)
 
 
 def drop_missing_parts(manifest: Manifest, output_dir: str) -> list[int]:

@@ -122,6 +122,12 @@ def lay_out_for_cpu(module: nn.Module, int8: bool = False, q4: bool = False,
             stack()
 
 
+def q4_weight_count(module: nn.Module) -> tuple[int, int]:
+    """(weight matrices under `module` with 4-bit panels, weight matrices on panels)."""
+    packed = [m for m in module.modules() if isinstance(m, PrepackedLinear)]
+    return sum(m.q4_exact for m in packed), len(packed)
+
+
 def packed_tensors(module: nn.Module) -> list[torch.Tensor]:
     """The packed copies under `module` (panels, their scales and 4-bit parts) of every
     PrepackedLinear and FusedPanels, fused parts' views included."""
@@ -270,6 +276,7 @@ class PrepackedLinear(nn.Module):
         self._scales = scales  # int8 panels: [panels * 64] float32 per output column
         # (nibbles, d and m) of 4-bit panels that give the same bits (q4_panels), or None
         self._q4: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.q4_exact = False  # got 4-bit panels (kept when fusing moves them to FusedPanels)
 
     @property
     def covers_all_rows(self) -> bool:
@@ -326,6 +333,7 @@ def prepack(linear: nn.Module, head: bool = False, int8: bool = False,
         packed = _checked(linear, panels, "panel", PANEL_ROWS)
         if q4 and isinstance(packed, PrepackedLinear) and not head:
             packed._q4 = q4_panels(weight)
+            packed.q4_exact = packed._q4 is not None
         return packed
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)

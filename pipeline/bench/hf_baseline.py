@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from pipeline.bench.engine_run import gpu_part_begins, gpu_part_ends
@@ -44,6 +44,9 @@ class TransformersBaseline:
                  eos_token_ids: frozenset[int], pad_token_id: int | None) -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         self.model = model.to(device).eval()  # type: ignore[arg-type]
+        # plain greedy, as the engine decodes: not the checkpoint's generation_config.json
+        # (Qwen2.5-Instruct's repetition_penalty 1.05, a min_new_tokens, ... change the tokens)
+        self.model.generation_config = GenerationConfig()
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.pad_token_id = pad_token_id if pad_token_id is not None else min(eos_token_ids,

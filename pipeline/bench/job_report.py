@@ -26,6 +26,8 @@ from pipeline.bench.plots import (
 )
 from pipeline.config import JobError
 from pipeline.manifest import (
+    JOB_PLOTS,
+    JOB_REPORT_FILE,
     MANIFEST_FILE,
     SUCCESS_FILE,
     DamagedManifest,
@@ -36,15 +38,15 @@ from pipeline.sources import part_name
 from pipeline.stats import STATS_FILE, Counts, total
 from runtime.loader import default_drafter
 
-REPORT_FILE = "report.md"
-PLOTS = {"throughput": "shard_tokens_per_s.png", "acceptance": "acceptance_by_position.png",
-         "errors": "errors_by_shard.png"}
+REPORT_FILE = JOB_REPORT_FILE
+PLOTS = JOB_PLOTS
 _MAX_TABLE_SHARDS = 100
 
 
 def write_job_report(directory: str, out_dir: str) -> Path:
     if not os.path.isdir(directory):
-        raise JobError(f"OUTPUT_DIR {directory}: no such directory")
+        what = "a file, not a directory" if os.path.exists(directory) else "no such directory"
+        raise JobError(f"OUTPUT_DIR {directory}: {what}")
     stats_path = Path(directory) / STATS_FILE
     try:
         manifest = load_manifest(directory)
@@ -114,15 +116,34 @@ def _throughput_plot(shards: dict[int, Counts], committed: dict[int, float | Non
                      path: Path) -> Any:
     rates = {s: c.derived()["output_tokens_per_s"] for s, c in shards.items()}
     times = [t for t in committed.values() if t is not None]
-    if times and len(times) == len(shards):
-        start = min(t - shards[s].wall_seconds for s, t in committed.items() if t is not None)
-        points = sorted(((t - start) / 60, rates[s] or 0.0) for s, t in committed.items()
-                        if t is not None)
-        xlabel = "minutes since the first shard started (at each shard's commit)"
-    else:
-        points = [(float(s), rates[s] or 0.0) for s in shards]
-        xlabel = "shard"
-    return plot_over_time(points, path, "Output tokens/s per shard", xlabel, "output tokens/s")
+    if not (times and len(times) == len(shards)):
+        return plot_over_time([[(float(s), rates[s] or 0.0) for s in shards]], path,
+                              "Output tokens/s per shard", "shard", "output tokens/s")
+    spans = [(t - shards[s].wall_seconds, t, rates[s] or 0.0)
+             for s, t in committed.items() if t is not None]
+    return plot_over_time(time_segments(spans), path, "Output tokens/s per shard",
+                          "minutes since the first shard started (at each shard's commit; a "
+                          "break where the job stopped)", "output tokens/s")
+
+
+def time_segments(spans: list[tuple[float, float, float]]) -> list[list[tuple[float, float]]]:
+    """(start, commit, rate) per shard -> runs of (minutes since the first start, rate) at each
+    commit, a new run wherever a shard started over _GAP_SECONDS after the commit before it
+    (the job stopped and was resumed). Example: shards 0-60 s, 60-120 s, then 900-960 s ->
+    [[(1, r0), (2, r1)], [(16, r2)]]."""
+    origin = min(span[0] for span in spans)
+    segments: list[list[tuple[float, float]]] = []
+    last_commit = None
+    for begun, ended, rate in sorted(spans, key=lambda span: span[1]):
+        if last_commit is None or begun - last_commit > _GAP_SECONDS:
+            segments.append([])
+        segments[-1].append(((ended - origin) / 60, rate))
+        last_commit = ended
+    return segments
+
+
+# a shard that started this long after the commit before it: the job was stopped and resumed
+_GAP_SECONDS = 30.0
 
 
 def _header(directory: str, manifest: Manifest | None, committed: int, done: bool) -> str:

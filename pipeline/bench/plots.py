@@ -145,15 +145,20 @@ def plot_acceptance(by_line: dict[str, Counts], path: Path,
     return series
 
 
-def plot_over_time(points: Sequence[tuple[float, float]], path: Path, title: str,
+def plot_over_time(segments: Sequence[Sequence[tuple[float, float]]], path: Path, title: str,
                    xlabel: str, ylabel: str) -> Series | None:
+    """One line per segment (points in a segment are joined, segments are not: a gap where
+    nothing ran), in one colour."""
+    points = [point for segment in segments for point in segment]
     if not points:
         return None
     fig, ax = _figure(title, xlabel, ylabel)
-    ax.plot([x for x, _ in points], [y for _, y in points], marker="o", linestyle="-")
+    for segment in segments:
+        ax.plot([x for x, _ in segment], [y for _, y in segment], marker="o", linestyle="-",
+                color="tab:blue")
     ax.set_ylim(bottom=0)
     _save(fig, path)
-    return {ylabel: list(points)}
+    return {ylabel: points}
 
 
 def plot_bars(labels: Sequence[str], values: Sequence[float], path: Path, title: str,

@@ -49,7 +49,8 @@ def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
                                       out / PLOTS["acceptance"]),
     }
     drop_undrawn(out, PLOTS, drawn)
-    sections = [_header(meta), equality_section(rows, meta), _throughput(summaries),
+    sections = [_header(meta, batch_sizes(summaries)), equality_section(rows, meta),
+                _throughput(summaries),
                 _ratios(summaries), _acceptance(rows, meta), _bandwidth(summaries, meta),
                 _plots(drawn), _DEFINITIONS]
     path = out / REPORT_FILE
@@ -63,7 +64,13 @@ def remove_report(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def _header(meta: dict[str, Any]) -> str:
+def _header(meta: dict[str, Any], ran: list[int]) -> str:
+    """The bench's settings; `ran`: the batch sizes bench.parquet has runs of."""
+    if not meta:
+        return ("# eaglebatch bench\n\n> bench.parquet carries no description of its run (the "
+                "metadata eaglebatch writes into it is gone: was the file rewritten by another "
+                "tool?): model, device, prompts and settings are unknown; the tables come from "
+                "its rows alone.")
     config = meta.get("config", {})
     lengths = meta.get("prompt_tokens", {})
     eos = "EOS ignored (every request runs max tokens)" if meta.get("ignore_eos") else \
@@ -80,11 +87,19 @@ def _header(meta: dict[str, Any]) -> str:
         f"- batch sizes {config.get('batch_sizes')}, k {config.get('ks')} (k = 0: no drafter), "
         f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size"
         f"{_turns(meta)}",
-        f"- attention backend: {meta.get('attention_backend', 'torch')}"
+        f"- attention backend: {meta.get('attention_backend', 'not recorded')}"
         + (f"; drafts cut below drafter confidence {config.get('draft_confidence', 0.0)} (0: "
            f"always k drafts); drafter weights {_drafter_weights(config, meta)}; n-gram lookup "
            f"drafts {_lookups(config)}" if any(k > 0 for k in config.get("ks", ())) else ""),
     ]
+    asked = config.get("batch_sizes", [])
+    if missing := [b for b in asked if b not in ran]:
+        lines += ["", f"> **Incomplete.** The bench stopped before batch size(s) {missing} ran: "
+                  f"bench.parquet holds only {ran}."]
+    prompts = meta.get("prompts")
+    if isinstance(prompts, int) and (over := [b for b in ran if b > prompts]):
+        lines.append(f"- batch size(s) {over} exceed the {prompts} prompts: at most {prompts} "
+                     f"requests were in flight there, so those figures are batch {prompts}'s")
     if not _on_cuda(meta) and "huge_pages" in meta:
         lines.append("- the engines' packed weights in transparent huge pages" if meta["huge_pages"]
                      else "- the engines' packed weights in ordinary 4 KiB pages (no transparent "
@@ -94,9 +109,7 @@ def _header(meta: dict[str, Any]) -> str:
                      f"{config['draft_max_batch']} requests (`--draft-max-batch`, as `generate` "
                      f"does): larger steps of the k > 0 variants run without drafts")
     if config.get("q4_panels"):
-        lines.append("- 4-bit panels (`--q4-panels`): the engines' products of up to 12 rows read "
-                     "4-bit copies of the weights that are exactly GGUF Q4_1 values (the same "
-                     "bits)")
+        lines.append(_q4_line(meta.get("q4_weights")))
     if config.get("cuda_graphs"):
         lines.append("- CUDA graphs (`--cuda-graphs`): the engines replay decode steps from "
                      "graphs")
@@ -109,6 +122,21 @@ def _header(meta: dict[str, Any]) -> str:
                   "the shape of the real architecture: throughput is the architecture's, but "
                   "outputs are noise and the acceptance figures are meaningless."]
     return "\n".join(lines)
+
+
+def _q4_line(counts: list[int] | None) -> str:
+    """What --q4-panels did: counts = [weight matrices with 4-bit panels, on panels]."""
+    if counts is None:
+        return ("- 4-bit panels (`--q4-panels`): products of up to 12 rows read 4-bit copies of "
+                "the weights that are exactly GGUF Q4_1 values (how many are was not recorded)")
+    with_q4, total = counts
+    if with_q4 == 0:
+        return (f"- 4-bit panels (`--q4-panels`) asked for, but none of the model's {total} "
+                f"weight matrices are exactly GGUF Q4_1 values: every product read its usual "
+                f"panels")
+    return (f"- 4-bit panels (`--q4-panels`): products of up to 12 rows read 4-bit copies of "
+            f"the {with_q4} of {total} weight matrices that are exactly GGUF Q4_1 values (the "
+            f"same bits)")
 
 
 def _turns(meta: dict[str, Any]) -> str:
@@ -298,11 +326,15 @@ def _bandwidth(summaries: dict[Key, Summary], meta: dict[str, Any]) -> str:
                 for s in rows]))
 
 
+_NOT_DRAWN = {"throughput": "no runs", "speedup": "it needs runs at k = 0 and at some k > 0",
+              "acceptance": "no run with a drafter"}
+
+
 def _plots(drawn: dict[str, Any]) -> str:
     lines = ["## Plots", ""]
     for name, series in drawn.items():
         if series is None:
-            lines.append(f"- {name}: not drawn (no data: e.g. no run with a drafter)")
+            lines.append(f"- {name}: not drawn ({_NOT_DRAWN[name]})")
         else:
             lines.append(f"![{name}]({PLOTS[name]})")
     return "\n".join(lines)

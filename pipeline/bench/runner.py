@@ -119,7 +119,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
         reference: dict[str, tuple[int, ...]] | None = None
         for batch_size in config.batch_sizes:
             records = _bench_batch_size(config, models, workload, base, batch_size, baseline,
-                                        bandwidth)
+                                        bandwidth, meta)
             if reference is None:
                 reference = next(r.outputs for _, r in records if r.variant == ENGINE)
             for repeat, record in records:
@@ -134,8 +134,9 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
 def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Workload,
                       base: EngineConfig, batch_size: int,
                       baseline: TransformersBaseline | None,
-                      bandwidth: float | None) -> list[tuple[int, RunRecord]]:
-    """(repeat, record) of every timed run, in the order they ran."""
+                      bandwidth: float | None, meta: dict[str, Any]) -> list[tuple[int, RunRecord]]:
+    """(repeat, record) of every timed run, in the order they ran; notes in `meta` how many of
+    the model's weight matrices got 4-bit panels (with --q4-panels, on the CPU)."""
     # --ceiling: always k drafts (no confidence cut, at any batch), replaced by the k = 0 run's
     # tokens; they run after k = 0 in every round, so its first run's outputs are there in time
     wanted = [(ENGINE, k, base) for k in config.ks] + [
@@ -152,6 +153,8 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
         first = first or built[i].engine
     variants = [built[i] for i in range(len(wanted))]
     del built
+    if config.q4_panels and first is not None and first.placement.device.type == "cpu":
+        meta["q4_weights"] = list(first.model.q4_weights)
     for variant in variants:
         variant.warm_up(workload)
     engines = [v for v in variants if v.variant == ENGINE]

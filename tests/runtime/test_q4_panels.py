@@ -99,7 +99,15 @@ def test_default_model_tokens_are_the_same_with_q4_panels(smollm2_dir: Path) -> 
                                      kv_cache_memory=64 << 20))
         plans = [layer.cpu_plan for layer in engine.model.model.layers]  # type: ignore[union-attr]
         assert all((p is not None and p.q4 is not None) == q4 for p in plans)
+        # q, k, v, o, gate, up, down of 30 layers (what bench's report states)
+        assert engine.model.q4_weights == ((210 if q4 else 0), 210)
         done = engine.generate([GenerationRequest(str(i), p, params)
                                 for i, p in enumerate(prompts)])
         outputs.append({c.request_id: c.token_ids for c in done})
     assert outputs[0] == outputs[1] and all(len(t) == 24 for t in outputs[0].values())
+
+
+def test_a_model_whose_weights_are_not_q4_gets_no_4_bit_panels(tiny_model_dir: Path) -> None:
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), q4_panels=True,
+                                 kv_cache_memory=1 << 20))
+    assert engine.model.q4_weights == (0, 14)  # 2 layers of 7 random float32 matrices

@@ -51,6 +51,16 @@ def test_report_of_a_finished_job_with_a_drafter(
     errors = imread(out / PLOTS["errors"])[..., :3]
     red = ((abs(errors - [0.84, 0.15, 0.16]) < 0.05).all(axis=-1)).sum()
     assert red > 100  # the one error row's bar (shard 2)
+    # --overwrite discards the outputs, and the report of them beside them
+    again = CliRunner().invoke(main, [
+        "generate", str(inputs), str(out), "--model", str(tiny_model_dir), "--drafter", "none",
+        "--max-tokens", "3", "--shard-rows", "5", "--kv-cache-memory", "16MiB", "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert sorted(os.listdir(out)) == [".eaglebatch.lock", "_SUCCESS", "manifest.json",
+                                       "part-00000.parquet", "stats.parquet"]
+    code, _, stderr = _report(str(out / "part-00000.parquet"))
+    assert code == 2 and stderr == (f"error: OUTPUT_DIR {out / 'part-00000.parquet'}: a file, "
+                                    "not a directory\n")
 
 
 def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:

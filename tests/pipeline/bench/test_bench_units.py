@@ -198,3 +198,31 @@ def test_an_equality_failure_is_called_a_bug_only_where_outputs_must_be_bit_equa
     rows[1] |= {"outputs_equal": 32, "first_divergence": None}
     passed = equality_section(rows, gpu16)
     assert "**PASS**" in passed and "Expected" not in passed
+
+
+def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> None:
+    from pipeline.bench.report import _header  # noqa: PLC0415
+
+    meta = {"prompts": 3, "config": {"batch_sizes": [1, 4, 64], "ks": [0], "repeats": 1}}
+    header = _header(meta, [1, 4])
+    assert ("> **Incomplete.** The bench stopped before batch size(s) [64] ran: bench.parquet "
+            "holds only [1, 4].") in header
+    assert ("- batch size(s) [4] exceed the 3 prompts: at most 3 requests were in flight "
+            "there, so those figures are batch 3's") in header
+    assert "Incomplete" not in _header({**meta, "config": {"batch_sizes": [1]}}, [1])
+    assert "no description of its run" in _header({}, [1])
+
+
+def test_the_q4_line_says_how_many_weights_got_4_bit_panels() -> None:
+    from pipeline.bench.report import _q4_line  # noqa: PLC0415
+
+    assert "asked for, but none of the model's 14 weight matrices" in _q4_line([0, 14])
+    assert "the 210 of 210 weight matrices that are exactly GGUF Q4_1" in _q4_line([210, 210])
+
+
+def test_a_resumed_jobs_shards_plot_in_separate_runs() -> None:
+    from pipeline.bench.job_report import time_segments  # noqa: PLC0415
+
+    spans = [(0.0, 60.0, 10.0), (60.0, 120.0, 11.0), (900.0, 960.0, 12.0),
+             (905.0, 970.0, 13.0)]  # two workers after the resume
+    assert time_segments(spans) == [[(1.0, 10.0), (2.0, 11.0)], [(16.0, 12.0), (970 / 60, 13.0)]]
