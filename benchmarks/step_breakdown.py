@@ -92,6 +92,7 @@ class StepTimer:
     def medians(self) -> dict[str, float]:
         parts = {p: statistics.median(s[p] for s in self.steps) for p in PARTS}
         parts["step"] = statistics.median(sum(s.values()) for s in self.steps)
+        parts["step (mean)"] = statistics.fmean(sum(s.values()) for s in self.steps)
         return parts
 
 
@@ -149,10 +150,11 @@ def main(prompts: str, num_prompts: int, k: int, drafter: str, max_tokens: int,
     print(f"{len(requests)} prompts, {sum(map(len, outputs[0]))} tokens, outputs equal: {same}")
     print(f"| part (ms per decode step, median) | k=0 | k={k} | difference |")
     print("| --- | ---: | ---: | ---: |")
-    for part in (*PARTS, "step"):
+    for part in (*PARTS, "step", "step (mean)"):
         print(f"| {part} | {p[part]:.2f} | {d[part]:.2f} | {d[part] - p[part]:+.2f} |")
     print(f"tokens per decode step: {p_tokens:.3f} / {d_tokens:.3f}; implied speedup "
-          f"{d_tokens / p_tokens * p['step'] / d['step']:.2f}x")
+          f"{d_tokens / p_tokens * p['step'] / d['step']:.2f}x (means: "
+          f"{d_tokens / p_tokens * p['step (mean)'] / d['step (mean)']:.2f}x)")
 
 
 if __name__ == "__main__":
