@@ -134,6 +134,8 @@ def plan_shards(files: list[InputFile], shard_rows: int) -> list[Shard]:
     for f in files:
         for start in range(0, f.num_rows, shard_rows):
             shards.append(Shard(len(shards), f, start, min(start + shard_rows, f.num_rows)))
+    if not shards and files:  # no rows at all: one empty part file, so readers find the schema
+        shards.append(Shard(0, files[0], 0, 0))
     return shards
 
 

@@ -64,7 +64,9 @@ def _check_unchanged(shard: Shard) -> None:
 
 def read_shard_table(shard: Shard) -> pa.Table:
     """The shard's rows as one table: a shard (not the dataset) is the unit held in memory."""
-    table = pa.Table.from_batches(list(read_shard(shard)))
+    batches = list(read_shard(shard))
+    table = (pa.Table.from_batches(batches) if batches
+             else pq.ParquetFile(shard.file.path).schema_arrow.empty_table())
     if table.num_rows != shard.num_rows:
         raise JobError(f"{shard.file.path}: expected {shard.num_rows} rows from row {shard.start}, "
                        f"read {table.num_rows}; was the file changed during the job?")

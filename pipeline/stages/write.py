@@ -39,7 +39,8 @@ def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
     if generated_ids is not None:
         table = table.add_column(0, pa.field(id_column, pa.string()), [list(generated_ids)])
     if n > 1:
-        table = table.take([row for row in range(inputs.num_rows) for _ in range(n)])
+        table = table.take(pa.array([row for row in range(inputs.num_rows) for _ in range(n)],
+                                    pa.int64()))
         samples = pa.array([s for _ in range(inputs.num_rows) for s in range(n)], pa.int32())
         table = table.append_column(SAMPLE_INDEX_FIELD, samples)
     for index, field in enumerate(OUTPUT_FIELDS):

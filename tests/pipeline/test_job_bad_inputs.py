@@ -255,3 +255,25 @@ def test_a_kv_cache_budget_of_zero_is_named_as_given(tiny_model_dir: Path) -> No
     config = EngineConfig(model=str(tiny_model_dir), kv_cache_memory=0)
     with pytest.raises(JobError, match="^--kv-cache-memory 0: KV cache budget of 0 bytes "):
         build_engine(Engine, config)
+
+
+def test_an_input_without_rows_writes_one_empty_part_file(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """So that readers of part-*.parquet find the output columns instead of no file."""
+    empty = pa.table({"id": pa.array([], pa.string()), "prompt": pa.array([], pa.string())})
+    (tmp_path / "in").mkdir()
+    pq.write_table(empty, tmp_path / "in" / "a.parquet")
+    pq.write_table(empty, tmp_path / "in" / "b.parquet")
+    summary = run_job(_config(tmp_path, tiny_model_dir, n=2), lambda _: tiny_engine,
+                      progress=False)
+    out = tmp_path / "out"
+    assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == [
+        "_SUCCESS", "manifest.json", "part-00000.parquet", "stats.parquet"]
+    part = pq.read_table(out / "part-00000.parquet")
+    assert part.num_rows == 0
+    assert part.column_names[:3] == ["id", "prompt", "sample_index"]
+    assert "completion" in part.column_names and "error" in part.column_names
+    assert (summary.totals.rows, summary.complete) == (0, True)
+    again = run_job(_config(tmp_path, tiny_model_dir, n=2), lambda _: tiny_engine,
+                    progress=False)
+    assert (again.shards_resumed, again.shards_run) == (1, 0)
