@@ -79,7 +79,8 @@ class Engine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    lookahead)
         if self.proposer is not None:
-            self.scheduler.incomplete_from = self.proposer.release
+            self.scheduler.incomplete_from = self.proposer.unwritten_from
+            self.scheduler.released = self.proposer.release
         self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer)
         if config.cuda_graphs:
             self.runner.graphs = decode_graphs(self, caches)

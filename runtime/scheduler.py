@@ -44,9 +44,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        # called with a request id as its blocks are freed: the first position whose KV is
-        # not complete yet (a drafter's rows still waiting to be written), or None
+        # a request's first position whose KV is not complete yet (a drafter's rows still
+        # waiting to be written), or None; and what to call once its blocks are freed
         self.incomplete_from: Callable[[str], int | None] = lambda request_id: None
+        self.released: Callable[[str], None] = lambda request_id: None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -76,7 +77,8 @@ class Scheduler:
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[str]) -> bool:
         while self.kv.allocate_slots(seq.request_id, seq.token_ids, seq.num_computed_tokens,
-                                     num_new, self.num_lookahead_tokens) is None:
+                                     num_new, self.num_lookahead_tokens,
+                                     num_complete=self.incomplete_from(seq.request_id)) is None:
             victim = self.running.pop()
             self._free(victim)
             victim.reset_for_recompute()
@@ -116,3 +118,4 @@ class Scheduler:
 
     def _free(self, seq: Sequence) -> None:
         self.kv.free(seq.request_id, seq.token_ids, self.incomplete_from(seq.request_id))
+        self.released(seq.request_id)

@@ -105,9 +105,10 @@ class KVCacheManager:
         at most 1 block (4 tokens) even if both blocks are cached; 9 tokens -> at most 2.
 
         With match_next_token, the hit ends before its last block while that block was followed
-        by another token (or one not known) in the request that cached it: the blocks' hashes
-        cover their own tokens, not the one after, which a drafter's KV at the last position
-        depends on. Example, block_size 4: [1..8, 9, 10] after [1..8, 7, 7] -> 1 block.
+        by another token in the request that cached it: the blocks' hashes cover their own
+        tokens, not the one after, which a drafter's KV at the last position depends on; and it
+        ends before the first block whose next token is not noted yet (unknown, or its KV not
+        complete). Example, block_size 4: [1..8, 9, 10] after [1..8, 7, 7] -> 1 block.
         """
         if not self.enable_prefix_caching or not token_ids:
             return ComputedBlocks([], 0)
@@ -116,8 +117,8 @@ class KVCacheManager:
         for index in range((len(token_ids) - 1) // self.block_size):
             parent = hash_block_tokens(parent, self._block_tokens(token_ids, index))
             block = self._pool.get_cached_block(parent)
-            if block is None:
-                break
+            if block is None or (self.match_next_token and block.next_token is None):
+                break  # (not noted yet: its KV may not be complete)
             blocks.append(block)
         if self.match_next_token:
             while blocks and blocks[-1].next_token != token_ids[len(blocks) * self.block_size]:
@@ -132,6 +133,7 @@ class KVCacheManager:
         num_new_tokens: int,
         num_lookahead_tokens: int = 0,
         new_computed_block_ids: Sequence[int] = (),
+        num_complete: int | None = None,
     ) -> list[int] | None:
         """Grow the request's block table to cover computed + new + lookahead token slots.
 
@@ -146,6 +148,10 @@ class KVCacheManager:
         tokens only; draft tokens fill lookahead slots and are never cached). Example,
         block_size 4, 10 tokens, 0 computed, 10 new, 3 lookahead: ceil(13 / 4) = 4 blocks, and
         blocks 0 and 1 (tokens 0..7) are cached.
+
+        num_complete: positions from this one on lack KV in some layers for now (a drafter's
+        rows waiting to be written); the next tokens of blocks holding them are not noted yet,
+        so with match_next_token no hit ends in them (see free). None: all are complete.
         """
         if min(num_computed_tokens, num_new_tokens, num_lookahead_tokens) < 0:
             raise ValueError(
@@ -177,7 +183,7 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             num_verified = min(len(token_ids), num_computed_tokens + num_new_tokens)
             self._cache_full_blocks(state, token_ids, num_verified // self.block_size)
-            self._note_next_tokens(state, token_ids)
+            self._note_next_tokens(state, token_ids, num_complete)
         return [block.block_id for block in new_blocks]
 
     def free(self, request_id: str, token_ids: Sequence[int] = (),
@@ -192,7 +198,7 @@ class KVCacheManager:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
-        self._note_next_tokens(state, token_ids)
+        self._note_next_tokens(state, token_ids, num_complete)
         if num_complete is not None:
             first = max(state.num_hits, num_complete // self.block_size)
             for index in range(first, len(state.block_hashes)):
@@ -239,12 +245,17 @@ class KVCacheManager:
             state.block_hashes.append(block_hash)
             self._pool.cache_full_block(state.blocks[index], block_hash)
 
-    def _note_next_tokens(self, state: _RequestBlocks, token_ids: Sequence[int]) -> None:
-        """Note on each block this request cached the token that follows it, once known (only
-        the last cached block can still be waiting for it). A block a hit brought already has
-        its own note, and one whose hash another block caches is not cached."""
+    def _note_next_tokens(self, state: _RequestBlocks, token_ids: Sequence[int],
+                          num_complete: int | None) -> None:
+        """Note on each block this request cached the token that follows it, once known and
+        once the block's KV is complete (positions below num_complete, if given). Blocks are
+        noted in order, so with match_next_token a hit never ends in (or runs past the end of)
+        a block not noted yet. A block a hit brought already has its own note, and one whose
+        hash another block caches is not cached."""
+        known = len(token_ids) - 1 if num_complete is None else min(len(token_ids) - 1,
+                                                                    num_complete)
         while (state.num_noted < len(state.block_hashes)
-               and (state.num_noted + 1) * self.block_size < len(token_ids)):
+               and (state.num_noted + 1) * self.block_size <= known):
             index = state.num_noted
             block = state.blocks[index]
             if block.block_hash == state.block_hashes[index] and block.next_token is None:

@@ -24,9 +24,10 @@ steps 2..k run only when some request has no such proposal. Step 1's forward run
 A step that drafts nothing (more greedy requests than max_batch) runs the drafter only over prompt
 positions (their blocks may serve later requests through the prefix cache): each other request's
 step-1 rows (input ids, target features) are stashed and put in front of its rows in the next step
-that drafts it, so the drafter's KV ends up the same, written later. A request that finishes or is
-preempted with rows still stashed leaves them unwritten: release() tells the KV cache manager
-where, and the blocks holding them leave the prefix cache.
+that drafts it, so the drafter's KV ends up the same, written later. Until then unwritten_from()
+tells the KV cache manager where the request's drafter KV stops (no prefix hit ends in or runs
+through the blocks past it); a request that finishes or is preempted with rows still stashed
+leaves them unwritten, and the blocks holding them leave the prefix cache.
 """
 
 from __future__ import annotations
@@ -81,11 +82,15 @@ class EagleProposer:
         self.kv_caches = {name: kv_caches[name] for name in self.layer_names}
         self.block_size = block_size
 
-    def release(self, request_id: str) -> int | None:
-        """The request's blocks are being freed: drops its stash; returns the first position
-        whose drafter KV it left unwritten, or None when none."""
-        kept = self._stashed.pop(request_id, None)
+    def unwritten_from(self, request_id: str) -> int | None:
+        """The request's first position whose drafter KV is not written yet (its rows wait in
+        the stash), or None when none wait."""
+        kept = self._stashed.get(request_id)
         return None if kept is None else kept[0]
+
+    def release(self, request_id: str) -> None:
+        """The request's blocks were freed: its stash goes (the rows will not be written)."""
+        self._stashed.pop(request_id, None)
 
     def step_metadata(self, md: AttentionMetadata) -> dict[str, AttentionMetadata]:
         """The one metadata object of a draft step, given to every draft layer."""

@@ -181,3 +181,13 @@ def test_free_with_incomplete_positions_uncaches_the_blocks_holding_them() -> No
     assert manager.get_computed_blocks(b + [0]) == ComputedBlocks([1], 4)
     manager.free("a", list(range(9)), num_complete=6)
     assert manager.get_computed_blocks(list(range(9))) == ComputedBlocks([1], 4)
+
+
+def test_blocks_with_incomplete_kv_are_not_noted_so_no_hit_reaches_them() -> None:
+    manager = KVCacheManager(num_blocks=12, block_size=BS, match_next_token=True)
+    tokens = list(range(13))
+    manager.allocate_slots("a", tokens, 0, 13, num_complete=5)  # blocks 1-3 cached
+    # block 0 (positions 0-3) is complete and noted; block 1 holds positions 5-7: not yet
+    assert manager.get_computed_blocks(tokens + [0]) == ComputedBlocks([1], 4)
+    manager.allocate_slots("a", tokens + [13], 13, 1)  # the rows were written since
+    assert manager.get_computed_blocks(tokens + [0]) == ComputedBlocks([1, 2, 3], 12)

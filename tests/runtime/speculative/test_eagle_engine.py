@@ -388,3 +388,33 @@ def test_drafts_do_not_depend_on_the_batch_with_preemptions(tiny_model_dir: Path
             assert [together[key] for key in common] == [own[key] for key in common]
             compared += len(common)
     assert preemptions >= 2 and compared >= 15
+
+
+def test_a_running_requests_blocks_whose_drafter_rows_wait_are_not_lent(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Steps where every request drafts from its n-gram lookup do not run the drafter either, so
+    a running request's generated rows wait while its blocks are already cached; a request
+    admitted meanwhile that extends its text must not take those blocks' drafter KV."""
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=2)
+
+    def engine(**kw: bool) -> Engine:
+        return Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                   kv_cache_memory=1 << 20, drafter=str(drafter),
+                                   num_speculative_tokens=2, draft_confidence=0.0,
+                                   draft_ngram=True, draft_max_batch=None, max_num_seqs=2,
+                                   max_num_batched_tokens=8, **kw))  # type: ignore[arg-type]
+
+    prompt = (11, 12, 13, 14, 15, 16)
+    plain = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                kv_cache_memory=1 << 20))
+    [first] = plain.generate([GenerationRequest("p", prompt, SamplingParams(max_tokens=40,
+                                                                            ignore_eos=True))])
+    w = GenerationRequest("w", prompt + first.token_ids[:8] + tuple(range(40, 50)),
+                          SamplingParams(max_tokens=16, ignore_eos=True))
+    requests = [GenerationRequest("p", prompt, SamplingParams(max_tokens=40, ignore_eos=True)),
+                GenerationRequest("c", prompt, SamplingParams(max_tokens=10, ignore_eos=True)),
+                w]
+    alone = _drafts_of(engine(enable_prefix_caching=False), [w], "w")[0]
+    together, done = _drafts_of(engine(), requests, "w")
+    assert together[-len(alone):] == alone  # w's steps after it is admitted
+    assert done["w"].token_ids == plain.generate([w]).__next__().token_ids
