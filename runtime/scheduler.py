@@ -76,9 +76,10 @@ class Scheduler:
                                tuple(preempted))
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[str]) -> bool:
+        complete = self._complete(seq, seq.num_computed_tokens)
         while self.kv.allocate_slots(seq.request_id, seq.token_ids, seq.num_computed_tokens,
                                      num_new, self.num_lookahead_tokens,
-                                     num_complete=self.incomplete_from(seq.request_id)) is None:
+                                     num_complete=complete) is None:
             victim = self.running.pop()
             self._free(victim)
             victim.reset_for_recompute()
@@ -95,7 +96,8 @@ class Scheduler:
             hit = self.kv.get_computed_blocks(seq.token_ids)
             num_new = min(len(seq.token_ids) - hit.num_tokens, budget)
             blocks = self.kv.allocate_slots(seq.request_id, seq.token_ids, hit.num_tokens,
-                                            num_new, self.num_lookahead_tokens, hit.block_ids)
+                                            num_new, self.num_lookahead_tokens, hit.block_ids,
+                                            self._complete(seq, hit.num_tokens))
             if blocks is None:
                 break
             self.waiting.popleft()
@@ -115,6 +117,16 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+
+    def _complete(self, seq: Sequence, start: int) -> int | None:
+        """Where the request's KV may stop being complete when requests admitted in this pass
+        read it (None: it will be complete): rows still waiting to be written, and those fed
+        this step from `start` on unless they start inside the prompt (a drafter writes a prompt
+        chunk's rows in its step; it may leave others for a later step)."""
+        pending = self.incomplete_from(seq.request_id)
+        if start < seq.num_prompt_tokens:
+            return pending
+        return start if pending is None else min(pending, start)
 
     def _free(self, seq: Sequence) -> None:
         self.kv.free(seq.request_id, seq.token_ids, self.incomplete_from(seq.request_id))

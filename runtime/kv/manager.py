@@ -104,11 +104,12 @@ class KVCacheManager:
         least one token is left to compute for its logits. Example, block_size 4: 8 tokens ->
         at most 1 block (4 tokens) even if both blocks are cached; 9 tokens -> at most 2.
 
-        With match_next_token, the hit ends before its last block while that block was followed
-        by another token in the request that cached it: the blocks' hashes cover their own
-        tokens, not the one after, which a drafter's KV at the last position depends on; and it
-        ends before the first block whose next token is not noted yet (unknown, or its KV not
-        complete). Example, block_size 4: [1..8, 9, 10] after [1..8, 7, 7] -> 1 block.
+        With match_next_token, the hit ends before the first block that was followed by another
+        token in the request that cached it, or whose next token is not noted yet (unknown, or
+        its KV not complete): the blocks' hashes cover their own tokens, not the one after,
+        which a drafter's KV at a block's last position depends on. Every block is checked, as
+        a chain may hold blocks that different requests cached. Example, block_size 4:
+        [1..8, 9, 10] after [1..8, 7, 7] -> 1 block.
         """
         if not self.enable_prefix_caching or not token_ids:
             return ComputedBlocks([], 0)
@@ -117,12 +118,10 @@ class KVCacheManager:
         for index in range((len(token_ids) - 1) // self.block_size):
             parent = hash_block_tokens(parent, self._block_tokens(token_ids, index))
             block = self._pool.get_cached_block(parent)
-            if block is None or (self.match_next_token and block.next_token is None):
-                break  # (not noted yet: its KV may not be complete)
+            if block is None or (self.match_next_token and block.next_token
+                                 != token_ids[(index + 1) * self.block_size]):
+                break
             blocks.append(block)
-        if self.match_next_token:
-            while blocks and blocks[-1].next_token != token_ids[len(blocks) * self.block_size]:
-                blocks.pop()
         return ComputedBlocks([b.block_id for b in blocks], len(blocks) * self.block_size)
 
     def allocate_slots(

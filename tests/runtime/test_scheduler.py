@@ -181,3 +181,27 @@ def test_prefix_cache_hit_starts_past_the_cached_blocks() -> None:
     # hits [1, 2]; the new block is the least recently used free one (A's 3 was freed last)
     assert sched.kv.block_ids("B") == [1, 2, 4]
     assert sched.kv.hits_tokens == 8
+
+
+def test_with_a_drafter_a_pass_does_not_lend_blocks_fed_past_the_prompt_in_it() -> None:
+    """A drafter writes a prompt chunk's rows in its step but may leave those of generated
+    tokens (fed again after a preemption, or decoded) for a later one: a request admitted in
+    the same pass takes no block whose rows are fed this step past the prompt."""
+    kv = KVCacheManager(16, BLOCK_SIZE, True, match_next_token=True)
+    sched = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=64, num_lookahead_tokens=0)
+    earlier = _seq("P", 5)
+    earlier.token_ids[4] = 50
+    sched.add(earlier)
+    _step(sched)
+    sched.finish(earlier, "stop")  # its first block stays cached, 50 after it
+    first = _seq("R", 4)
+    first.token_ids += [50, 51, 52, 53, 54, 55, 56, 57, 58]  # 9 outputs, recomputed
+    sched.add(first)
+    sched.add(Sequence("W", list(first.token_ids) + [70, 71], SamplingParams(), 1, 1))
+    _, steps = _step(sched)
+    # R takes P's block and is fed from position 4, past its prompt: W gets that block only
+    assert steps == [("R", 4, 9), ("W", 4, 11)]
+    assert kv.hits_tokens == 4 + 4
+    sched.add(Sequence("X", list(first.token_ids[:13]) + [70, 72], SamplingParams(), 2, 1))
+    _step(sched)  # R's rows of the last step are complete now (no drafter rows wait here)
+    assert kv.hits_tokens == 4 + 4 + 12

@@ -191,3 +191,21 @@ def test_blocks_with_incomplete_kv_are_not_noted_so_no_hit_reaches_them() -> Non
     assert manager.get_computed_blocks(tokens + [0]) == ComputedBlocks([1], 4)
     manager.allocate_slots("a", tokens + [13], 13, 1)  # the rows were written since
     assert manager.get_computed_blocks(tokens + [0]) == ComputedBlocks([1, 2, 3], 12)
+
+
+def test_every_hit_block_is_checked_as_a_chain_may_mix_requests_blocks() -> None:
+    """A caches blocks 0 and 1 (block 1 followed by 50); B has block 1's tokens too but 60 after
+    them, so its hit ends at block 0, its own block 1 stays uncached (A's holds the hash) and it
+    caches block 2 behind it. W = B's text: block 2 (B's) matches, but the block 1 it would take
+    is A's, written with 50 after it: the hit ends at block 0."""
+    manager = KVCacheManager(num_blocks=20, block_size=BS, match_next_token=True)
+    prefix = list(range(10, 18))
+    manager.allocate_slots("a", prefix + [50, 51], 0, 10)
+    b = prefix + [60, 61, 62, 63, 64]
+    hit = manager.get_computed_blocks(b)
+    assert hit == ComputedBlocks([1], 4)
+    manager.allocate_slots("b", b, 4, 9, new_computed_block_ids=hit.block_ids)
+    manager.free("b", b + [65])
+    manager.free("a", prefix + [50, 51])
+    assert manager.get_computed_blocks(b + [65, 66]) == ComputedBlocks([1], 4)
+    assert manager.get_computed_blocks(prefix + [50, 51]) == ComputedBlocks([1, 2], 8)
