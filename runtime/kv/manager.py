@@ -51,8 +51,8 @@ class KVCacheManager:
         self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
         match_next_token: bool = False,
     ) -> None:
-        """match_next_token: a hit's last block must have been followed by the same token as in
-        the request that takes it (an EAGLE drafter's KV at that block's last position was
+        """match_next_token: every block of a hit must have been followed by the same token as
+        in the request that takes it (an EAGLE drafter's KV at a block's last position was
         written with the token after it; see get_computed_blocks)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
