@@ -10,6 +10,7 @@ import click
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.config import one_line
 from runtime.config import DEFAULT_MODEL
 from runtime.loader import load_model_config, resolve_model
 from runtime.speculative.train_job import TrainDrafterJob, load_init_drafter, run_train_drafter
@@ -32,7 +33,7 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise click.BadParameter(f"{path}: cannot read it as Parquet "
-                                 f"({' '.join(str(exc).split())})") from None
+                                 f"({one_line(exc)})") from None
     if "prompt" not in table.schema.names:
         raise click.BadParameter(f"{path} has no 'prompt' column")
     prompts = table.column("prompt").to_pylist()
@@ -158,7 +159,7 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
             init_drafter=init_drafter, resume=resume,
             eval_prompts=evals, eval_max_tokens=eval_max_tokens, prompts_source=prompts_path.name))
     except (ValueError, FileNotFoundError, FileExistsError) as exc:  # the inputs, not the code
-        click.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        click.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(2)
 
 

@@ -231,7 +231,7 @@ def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfi
         what = f"--model {config.model}"
         if config.drafter:
             what += f" / --drafter {config.drafter}"
-        raise JobError(f"cannot load {what}: {' '.join(str(exc).split())}") from None
+        raise JobError(f"cannot load {what}: {one_line(exc)}") from None
 
 
 def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) -> ShardContext:

@@ -31,7 +31,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from pipeline.atomic import write_bytes_atomically
-from pipeline.config import JobConfig, JobError, RayConfig
+from pipeline.config import JobConfig, JobError, RayConfig, one_line
 from pipeline.job import RunShards, build_engine, shard_context
 from pipeline.shard import ShardContext, ShardHooks, run_shard
 from pipeline.sources import InputPlan, Shard
@@ -112,7 +112,7 @@ def _connected(options: RayConfig) -> Iterator[None]:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = "a local instance" if options.address is None else repr(options.address)
         raise JobError(f"--ray-address: cannot connect to {where} "
-                       f"({' '.join(str(exc).split())})") from None
+                       f"({one_line(exc)})") from None
     try:
         yield
     finally:

@@ -49,7 +49,7 @@ from pipeline.bench.models import BenchModels, resolve_models
 from pipeline.bench.plots import report_dir
 from pipeline.bench.report import remove_report, write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
-from pipeline.config import JobError
+from pipeline.config import JobError, one_line
 from runtime.config import EngineConfig, PlacementError
 from runtime.engine import Engine
 from runtime.huge_pages import huge_pages_available
@@ -219,7 +219,7 @@ def read_bench_parquet(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]
         meta = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise JobError(f"{path}: cannot read it as a bench's Parquet file "
-                       f"({' '.join(str(exc).split())})") from None
+                       f"({one_line(exc)})") from None
     missing = [n for n in BENCH_SCHEMA.names if n not in table.column_names]
     if missing:
         raise JobError(f"{path} lacks the column(s) {', '.join(missing[:5])}: not the "

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import JobError
+from pipeline.config import JobError, one_line
 from pipeline.sources import Shard
 
 _BATCH_ROWS = 4096
@@ -42,7 +42,7 @@ def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.Recor
                 return
     except (pa.ArrowException, OSError) as exc:
         raise JobError(f"{shard.file.path}: cannot read rows {shard.start}-{shard.stop} "
-                       f"({' '.join(str(exc).split())})") from None
+                       f"({one_line(exc)})") from None
 
 
 def _check_unchanged(shard: Shard) -> None:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from pipeline.config import one_line
 from pipeline.schema import OVERRIDE_COLUMNS, python_values
 from runtime.config import SamplingParams
 
@@ -108,7 +109,7 @@ def _apply_template(messages: list[dict[str, Any]], tokenizer: Any) -> str | _Ro
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # the template is the model's code: any failure is a row error
-        return _RowError(f"chat template failed: {' '.join(str(exc).split())}")
+        return _RowError(f"chat template failed: {one_line(exc)}")
     return str(text)
 
 
