@@ -206,8 +206,6 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
         self.q4_panels = False  # built with EngineConfig.q4_panels (runtime.setup.build_model)
-        # (decoder weight matrices with 4-bit panels, on panels), on the CPU (build_model)
-        self.q4_weights = (0, 0)
         self.cpu_stack: CpuLayerStack | None = None  # set by stack_for_cpu
 
     @property

@@ -11,12 +11,7 @@ from transformers import PretrainedConfig
 from runtime.attention import choose_backend_name
 from runtime.attention.flash_backend import FLASH_BLOCK_SIZE
 from runtime.config import EngineConfig, PlacementError
-from runtime.cpu_gemm import (
-    PrepackedLinear,
-    lay_out_for_cpu,
-    q4_weight_count,
-    return_freed_memory,
-)
+from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu, return_freed_memory
 from runtime.greedy_head import ExactGreedyHead
 from runtime.kv.cache import allocate_kv_caches
 from runtime.kv.groups import (
@@ -75,8 +70,6 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     if p.device.type == "cpu":
         lay_out_for_cpu(model, q4=q4, release_weights=True)
         _release_head_weight(model)
-        # the decoder's products (the head never reads 4-bit panels)
-        model.q4_weights = q4_weight_count(model.model)
     model.q4_panels = q4
     return model
 

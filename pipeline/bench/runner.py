@@ -51,6 +51,7 @@ from pipeline.bench.report import remove_report, write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
 from pipeline.config import JobError, one_line
 from runtime.config import EngineConfig, PlacementError
+from runtime.cpu_gemm import q4_weight_count
 from runtime.engine import Engine
 from runtime.huge_pages import huge_pages_available
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
@@ -154,7 +155,8 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
     variants = [built[i] for i in range(len(wanted))]
     del built
     if config.q4_panels and first is not None and first.placement.device.type == "cpu":
-        meta["q4_weights"] = list(first.model.q4_weights)
+        # the decoder's products (the head never reads 4-bit panels)
+        meta["q4_weights"] = list(q4_weight_count(first.model.model))
     for variant in variants:
         variant.warm_up(workload)
     engines = [v for v in variants if v.variant == ENGINE]

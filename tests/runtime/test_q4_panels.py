@@ -10,7 +10,15 @@ import torch
 from torch import nn
 
 from runtime.config import EngineConfig, SamplingParams
-from runtime.cpu_gemm import Q4_ROWS, PrepackedLinear, fuse_panels, pack_panels, prepack, q4_panels
+from runtime.cpu_gemm import (
+    Q4_ROWS,
+    PrepackedLinear,
+    fuse_panels,
+    pack_panels,
+    prepack,
+    q4_panels,
+    q4_weight_count,
+)
 from runtime.cpu_kernels import load_cpu_kernels
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
@@ -100,7 +108,7 @@ def test_default_model_tokens_are_the_same_with_q4_panels(smollm2_dir: Path) -> 
         plans = [layer.cpu_plan for layer in engine.model.model.layers]  # type: ignore[union-attr]
         assert all((p is not None and p.q4 is not None) == q4 for p in plans)
         # q, k, v, o, gate, up, down of 30 layers (what bench's report states)
-        assert engine.model.q4_weights == ((210 if q4 else 0), 210)
+        assert q4_weight_count(engine.model.model) == ((210 if q4 else 0), 210)
         done = engine.generate([GenerationRequest(str(i), p, params)
                                 for i, p in enumerate(prompts)])
         outputs.append({c.request_id: c.token_ids for c in done})
@@ -110,4 +118,4 @@ def test_default_model_tokens_are_the_same_with_q4_panels(smollm2_dir: Path) -> 
 def test_a_model_whose_weights_are_not_q4_gets_no_4_bit_panels(tiny_model_dir: Path) -> None:
     engine = Engine(EngineConfig(model=str(tiny_model_dir), q4_panels=True,
                                  kv_cache_memory=1 << 20))
-    assert engine.model.q4_weights == (0, 14)  # 2 layers of 7 random float32 matrices
+    assert q4_weight_count(engine.model.model) == (0, 14)  # 2 layers of 7 random float32 matrices
