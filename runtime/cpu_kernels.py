@@ -1,6 +1,6 @@
 """The C++ CPU kernels (runtime/csrc), compiled once per machine and loaded as torch.ops.eaglebatch:
 
-- paged_attention: attention for short queries read straight from the paged KV cache
+- paged_attention: attention read straight from the paged KV cache, for every row of a step
   (runtime.attention.cpu_backend);
 - panel_linear: every float32 Linear product, on a panel-packed weight (float32 panels, or
   bfloat16 ones for weights that are exactly bfloat16; runtime.cpu_gemm); panel_linear_parts:

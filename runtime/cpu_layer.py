@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from runtime.attention.cpu_backend import CpuAttentionBackend
+from runtime.attention.cpu_backend import CpuAttentionBackend, kernel_rows
 from runtime.cpu_gemm import Q4_ROWS, FusedPanels, PrepackedLinear, runs_on_panels
 from runtime.cpu_kernels import load_cpu_kernels
 
@@ -137,16 +137,14 @@ class CpuLayerStack:
     (runtime/csrc/layer_stack.cpp: the plans' kernels in the plans' order, the same bits).
 
     A plan still costs Python between its ~12 kernels: at one row that is tens of microseconds a
-    layer, paid by 30 layers per target step and 2 per draft step. The stack applies where the
-    cpu attention backend would send every row of the step to its short-query kernel (decode,
-    draft verification, draft steps); elsewhere (prefill chunks, another backend, a bfloat16
-    cache) `run` returns None and the caller runs the layers one by one. Each layer takes the
+    layer, paid by 30 layers per target step and 2 per draft step. The stack applies to every
+    step the cpu attention backend's kernel takes (float32 caches in its layout, one metadata
+    object for all layers); elsewhere (another backend, a bfloat16 cache) `run` returns None
+    and the caller runs the layers one by one. Each layer takes the
     products its plan would (4-bit panels at up to Q4_ROWS rows where it has them)."""
 
     def __init__(self, layers: list[DecoderLayer], plans: list[CpuLayerPlan]) -> None:
         self.names = [layer.self_attn.layer_name for layer in layers]
-        # every plan's backend is the cpu one (build checks); its kernel rows serve all layers
-        self.backend: CpuAttentionBackend = plans[0].backend  # type: ignore[assignment]
         self._stack: Any = torch.classes.eaglebatch.LayerStack()
         for plan in plans:
             norm = plan.input_norm
@@ -196,10 +194,8 @@ class CpuLayerStack:
         if not all(c.dtype == torch.float32 and c.is_contiguous() for c in caches) or any(
                 attn_metadata[name] is not md for name in self.names):
             return None
-        short, batches = self.backend._cpu_plan(md, caches[0].shape[2], x.device)
-        if short is None or batches:
-            return None
+        rows = kernel_rows(md, x.device)
         return self._stack.forward(x, residual, positions, rope.cos, rope.sin, caches,
-                                   md.slot_mapping, short.rows, short.query_starts,
-                                   short.query_lens, short.seq_lens, md.block_table,
+                                   md.slot_mapping, rows.rows, rows.query_starts,
+                                   rows.query_lens, rows.seq_lens, md.block_table,
                                    list(aux_ids), Q4_ROWS)

@@ -9,7 +9,6 @@ Index tensors and masks depend only on the metadata, so they are built once per 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -132,17 +131,13 @@ class TorchAttentionBackend:
     def _plan(self, md: AttentionMetadata, block_size: int, device: torch.device
               ) -> list[_Batched]:
         key = _plan_key(block_size, self.sliding_window)
-        if key not in md.derived:
-            md.derived[key] = self._plan_rows(md, range(md.num_seqs), block_size, device)
+        if key not in md.derived:  # padded batches of the sequences, bucketed by query length
+            buckets: dict[int, list[int]] = {}
+            for i in range(md.num_seqs):
+                buckets.setdefault((md.query_lens[i] - 1).bit_length(), []).append(i)
+            md.derived[key] = [self._batch(md, rows, block_size, device)
+                               for _, rows in sorted(buckets.items())]
         return md.derived[key]
-
-    def _plan_rows(self, md: AttentionMetadata, seqs: Iterable[int], block_size: int,
-                   device: torch.device) -> list[_Batched]:
-        """Padded batches for the sequences `seqs`, bucketed by query length."""
-        buckets: dict[int, list[int]] = {}
-        for i in seqs:
-            buckets.setdefault((md.query_lens[i] - 1).bit_length(), []).append(i)
-        return [self._batch(md, rows, block_size, device) for _, rows in sorted(buckets.items())]
 
     def _batch(self, md: AttentionMetadata, rows: list[int], block_size: int,
                device: torch.device) -> _Batched:

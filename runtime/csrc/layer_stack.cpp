@@ -8,9 +8,9 @@
 // decode step of the default model (30 layers) and every draft step pay.
 //
 // The kernels live in the other sources' anonymous namespaces; they are called here through
-// the dispatcher, which from C++ costs well under a microsecond a call. Only steps whose every
-// attention row is a short query (runtime.attention.cpu_backend.SHORT_QUERY: decode, draft
-// verification, draft steps) come here; the rest runs layer by layer in Python as before.
+// the dispatcher, which from C++ costs well under a microsecond a call. Every step the cpu
+// attention backend's kernel takes (float32 caches, one metadata object for all layers) comes
+// here, prompt chunks included; the rest runs layer by layer in Python.
 
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -143,7 +143,7 @@ struct StepRows {
   const at::Tensor& block_table;
 };
 
-// CpuLayerPlan._run with the cpu attention backend's short-query path, step for step; 4-bit
+// CpuLayerPlan._run with the cpu attention backend's kernel, step for step; 4-bit
 // panels where the layer has them and the step has at most q4_rows rows (as the plan).
 at::Tensor run_layer(const Layer& l, at::Tensor x, const at::Tensor& residual,
                      const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,

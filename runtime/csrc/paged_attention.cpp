@@ -1,6 +1,6 @@
 // Paged attention on the CPU, read straight from the block-paged KV cache: no gathered copy of K
-// and V. Registered as torch.ops.eaglebatch.paged_attention; the cpu backend sends it decode and
-// draft-verification rows (up to 16 queries), where it beats a gather + SDPA.
+// and V. Registered as torch.ops.eaglebatch.paged_attention; the cpu backend sends it every
+// row of a step: decode, draft verification, draft steps and prompt chunks alike.
 //
 // Work item = (sequence, tile of up to 16 query tokens) with all query heads (or, in small
 // batches, the query heads of one KV head); query head h reads KV head h / (heads / kv_heads)
@@ -8,19 +8,27 @@
 // kv_len - q_len + i and sees keys 0..position (and, with a sliding window W, only keys >
 // position - W). Scores, softmax and the weighted sum of values are computed in float32 per
 // query, over its visible keys in order: a query's result does not depend on the other queries
-// of its tile, its sequence's chunking, or the other sequences in the batch.
+// of its tile, its sequence's chunking, or the other sequences in the batch. So a prompt gives
+// the same bits whether it is prefilled in one chunk or cut into several (by the token budget,
+// a prefix-cache hit or a recompute after preemption), which torch's SDPA does not: it rounds
+// by the chunk's shape.
 //
-// Speed: a tile whose K and V fit in L2 gets its scores 16 keys at a time (dot16: 16 FMA chains,
-// then one transposed reduction in the same pairwise order as dot(), so the same bits) while the
-// next 16 keys' rows are fetched, and its values per KV head with the outputs of all that head's
-// query vectors in registers (each value row read once for them). A longer span streams K, then
-// V, from memory key by key. With few tiles (small batches) each KV head is a work item of its
-// own, so both cores work. All paths give the same bits (checked against the previous kernel on
-// float32 / bfloat16 / float16, head sizes 8-128, GQA groups, windows, 1-2000 cached tokens).
-// Measured on 2 threads, 30 layers: one query per sequence as fast as before (batch 64 at 110
-// cached tokens); 3 queries (draft verification) at batch 16 ~15% and at batch 1 ~40% faster.
-// Later, with the fetch loop below free of integer divisions (two per cache line, which had
-// cost more than the arithmetic): batch 64 at 112 cached tokens 23.8 -> 18.4 ms (Xeon).
+// Speed: a tile gets its scores 16 keys at a time (dot16: 16 FMA chains, then one transposed
+// reduction in the same pairwise order as dot(), so the same bits) while the next 16 keys' rows
+// are fetched, and its values per KV head with the outputs of all that head's query vectors in
+// registers (each value row read once for them). With few tiles (small batches) each KV head is
+// a work item of its own, so both cores work. All paths give the same bits (checked against the
+// previous kernel on float32 / bfloat16 / float16, head sizes 8-128, GQA groups, windows, 1-2000
+// cached tokens). Measured on 2 threads, 30 layers: one query per sequence as fast as before
+// (batch 64 at 110 cached tokens); 3 queries (draft verification) at batch 16 ~15% and at
+// batch 1 ~40% faster. Later, with the fetch loop below free of integer divisions (two per cache
+// line, which had cost more than the arithmetic): batch 64 at 112 cached tokens 23.8 -> 18.4 ms
+// (Xeon). An earlier version streamed spans too long for L2 key by key (K, then V) and kept
+// such spans in one work item; on the AMD EPYC (2 threads, interleaved, heads 9/3, dim 64) the
+// 16-key path was as fast or faster at every span tried (one query at batch 16: 0.78-0.84x the
+// time at 500-3000 keys, 1.00x at 6000; batch 64 at 600-3000: 0.66-0.81x), and splitting a
+// lone sequence's KV heads 0.68-0.77x at 1500-8000 keys, so both went. Prefill of the default
+// model against SDPA: 48 / 256 / 1,024 / 2,000 prompt tokens 0.88x / 0.99x / 1.14x / 1.17x.
 //
 // float32, bfloat16 and float16 tensors (query, cache and output of one dtype): 16-bit values are
 // widened to float32 as they are read (exact) and the result rounded once when stored, so a
@@ -49,15 +57,7 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr int64_t kTile = 16;  // query tokens per work item
-constexpr int64_t kFetchAhead = 4;  // K and V rows fetched ahead on a long span
-// A tile's K and V up to this many bytes (they stay in L2) are read 16 keys at a time, for
-// all query vectors; a longer span streams from memory key by key (K, then V).
-constexpr int64_t kFetchBothBytes = 512 * 1024;
-
-// Whether the K and V of `keys` keys, `row_floats` floats of each row, stay in L2.
-inline bool stays_in_l2(int64_t keys, int64_t row_floats) {
-  return 2 * keys * row_floats * static_cast<int64_t>(sizeof(float)) <= kFetchBothBytes;
-}
+constexpr int64_t kFetchAhead = 4;  // K rows fetched before a tile's first scores
 
 inline float dot(const float* a, const float* b, int64_t n) {
 #ifdef __AVX512F__
@@ -333,10 +333,7 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
   const bool few = static_cast<int64_t>(items.size()) < 4 * at::get_num_threads();
   std::vector<Item> work;
   for (const Item& it : items) {
-    // a span too long to stay in L2 is not split: its K and V stream from memory best front to
-    // back, all KV heads of a row at once
-    const auto [lo, hi] = tile_keys(it.seq, it.t0);
-    const bool split = few && stays_in_l2(hi - lo, dim);
+    const bool split = few;
     for (int64_t g = 0; g < kv_heads; g += split ? 1 : kv_heads)
       work.push_back({it.seq, it.t0, g, split ? g + 1 : kv_heads});
   }
@@ -391,12 +388,11 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
         if (r < std::min<int64_t>(kLanes, kFetchAhead)) prefetch_row(k_rows[r], part * 4);
       }
       // Scores of every query vector against every key of the tile's span (those a query does
-      // not see are overwritten with 0 by the softmax below).
-      const bool both = stays_in_l2(span, part);
-      if (both) {
-        // 16 keys at a time; meanwhile the next 16 keys' K and V rows are fetched (blocks are
-        // scattered, and hardware prefetchers do not follow a sequence from one block to the
-        // next), a share of their lines between the query vectors.
+      // not see are overwritten with 0 by the softmax below), 16 keys at a time; meanwhile the
+      // next 16 keys' K and V rows are fetched (blocks are scattered, and hardware prefetchers
+      // do not follow a sequence from one block to the next), a share of their lines between
+      // the query vectors.
+      {
         const int64_t row_lines = (part * 4 + 63) / 64;  // cache lines of a row's part
         for (int64_t c0 = 0; c0 < span; c0 += kLanes) {
           const int64_t next =
@@ -417,13 +413,6 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
                          zeros.data(), scores.data() + a * span + c0);
           }
         }
-      } else {
-        // A long span streams from memory: key by key, each row fetched a few keys ahead.
-        for (int64_t j = 0; j < span; ++j) {
-          if (j + kFetchAhead < span) prefetch_row(k_rows[j + kFetchAhead], part * 4);
-          for (int64_t a = 0; a < nq; ++a)
-            scores[a * span + j] = dot(q_ptrs[a], k_rows[j] + kv_offsets[a], dim) * fscale;
-        }
       }
       for (int64_t a = 0; a < nq; ++a) {  // softmax over the visible keys; the rest become 0
         const int64_t i = t0 + a / hq;
@@ -436,30 +425,18 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
         for (int64_t j = 0; j < v0; ++j) row[j] = 0.f;
         for (int64_t j = v1; j < span; ++j) row[j] = 0.f;
       }
-      if (both) {
-        // Values in cache: per KV head, its query vectors (every query token, every head of its
-        // group) together, so each value row is read once for all of them.
-        for (int64_t g = g0; g < g1; ++g) {
-          weights.clear();
-          outs.clear();
-          for (int64_t a = 0; a < nq; ++a) {
-            if ((h0 + a % hq) / group != g) continue;
-            weights.push_back(scores.data() + a * span);
-            outs.push_back(acc.data() + a * dim);
-          }
-          weighted_sum(static_cast<int64_t>(weights.size()), weights.data(), v_rows.data(),
-                       (g - g0) * dim, 0, span, dim, outs.data());
+      // Values: per KV head, its query vectors (every query token, every head of its group)
+      // together, so each value row is read once for all of them.
+      for (int64_t g = g0; g < g1; ++g) {
+        weights.clear();
+        outs.clear();
+        for (int64_t a = 0; a < nq; ++a) {
+          if ((h0 + a % hq) / group != g) continue;
+          weights.push_back(scores.data() + a * span);
+          outs.push_back(acc.data() + a * dim);
         }
-      } else {
-        // A long span: the values stream from memory once, front to back, each row (all the
-        // item's KV heads) fetched a few keys ahead and used by every query vector.
-        for (int64_t j = 0; j < span; ++j) {
-          if (j + kFetchAhead < span) prefetch_row(v_rows[j + kFetchAhead], part * 4);
-          for (int64_t a = 0; a < nq; ++a) {
-            const float pj = scores[a * span + j];
-            if (pj != 0.f) axpy(pj, v_rows[j] + kv_offsets[a], acc.data() + a * dim, dim);
-          }
-        }
+        weighted_sum(static_cast<int64_t>(weights.size()), weights.data(), v_rows.data(),
+                     (g - g0) * dim, 0, span, dim, outs.data());
       }
       for (int64_t a = 0; a < nq; ++a) {  // one rounding per output value
         T* o = o_base + ((q0 + t0 + a / hq) * heads + h0 + a % hq) * dim;

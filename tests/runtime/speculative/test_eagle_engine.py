@@ -202,8 +202,8 @@ def test_drafter_layer_stack_gives_its_layers_bits(
         done = engine.generate(GenerationRequest(str(i), tuple(p), params)
                                for i, p in enumerate(prompts))
         tokens[stacked] = {c.request_id: c.token_ids for c in done}
-        if stacked:  # all but the steps with a prompt of over 16 rows (20 and 22) ran in it
-            assert 2 * len(prompts) < runs[0] < len(hidden[True])
+        if stacked:  # every draft step ran in it, prompt chunks included
+            assert runs[0] == len(hidden[True])
         else:
             assert runs[0] == 0
     assert len(hidden[True]) == len(hidden[False]) > 2 * len(prompts)
