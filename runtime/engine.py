@@ -167,17 +167,13 @@ class Engine:
         seq = self.scheduler.waiting[0]
         self.scheduler.finish(seq, "error")
         # what finishing it takes (at least what just failed): every token of the prompt and
-        # the completion, and in its last verification up to k drafts plus the k slots the
-        # drafter writes ahead
+        # the completion (alone in the cache, a request runs without drafts where they do not fit)
         tokens = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
-        drafts = 2 * self.scheduler.num_lookahead_tokens
-        need = -(-(tokens + drafts) // self.placement.block_size)
+        need = -(-tokens // self.placement.block_size)
         return _completion(seq, error=(
             f"request needs up to {need} KV cache blocks of {self.placement.block_size} tokens "
-            f"to finish ({tokens} tokens of prompt and completion"
-            + (f", {drafts} slots for drafts" if drafts else "")
-            + f") but the whole cache has {self.kv_cache_config.num_blocks - 1}; "
-            "raise --kv-cache-memory"))
+            f"to finish ({tokens} tokens of prompt and completion) but the whole cache has "
+            f"{self.kv_cache_config.num_blocks - 1}; raise --kv-cache-memory"))
 
     def _postprocess(self, out: SchedulerOutput, result: RunnerOutput
                      ) -> tuple[list[Completion], int]:

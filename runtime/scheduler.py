@@ -5,7 +5,9 @@ within the token budget. That one rule is prefill, chunked prefill (the budget c
 prefix-cache hit (computed tokens start past the hit), decode (one token behind) and verification
 (one token plus k drafts behind). When the KV cache cannot hold a running request's next tokens,
 the newest running request is preempted: its blocks are freed and it is recomputed later from its
-prompt and the outputs it already has, so nothing is lost.
+prompt and the outputs it already has, so nothing is lost. A request alone in the cache that fits
+only without its drafts and the slots a drafter writes ahead runs that step without them
+(Sequence.may_draft), so drafting never makes a request fail that plain decoding would finish.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens_with_drafts - seq.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(seq, num_new, preempted):
+            num_new = self._allocate_or_preempt(seq, budget, preempted)
+            if num_new is None:
                 break  # seq itself was the newest and got preempted
             scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
@@ -75,11 +77,24 @@ class Scheduler:
         return SchedulerOutput(tuple(scheduled), self.max_num_batched_tokens - budget,
                                tuple(preempted))
 
-    def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[str]) -> bool:
+    def _allocate_or_preempt(self, seq: Sequence, budget: int, preempted: list[str]
+                             ) -> int | None:
+        """The tokens seq feeds this step, once its slots are allocated (preempting the newest
+        requests while they do not fit), or None where seq itself was preempted."""
+        seq.may_draft = True
+        num_new = min(seq.num_tokens_with_drafts - seq.num_computed_tokens, budget)
         complete = self._complete(seq, seq.num_computed_tokens)
         while self.kv.allocate_slots(seq.request_id, seq.token_ids, seq.num_computed_tokens,
                                      num_new, self.num_lookahead_tokens,
                                      num_complete=complete) is None:
+            if self.running == [seq] and (seq.draft_token_ids or self.num_lookahead_tokens):
+                # alone at the edge of the cache: without drafts the step may still fit
+                bare = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+                if self.kv.allocate_slots(seq.request_id, seq.token_ids, seq.num_computed_tokens,
+                                          bare, 0, num_complete=complete) is not None:
+                    seq.draft_token_ids = []
+                    seq.may_draft = False
+                    return bare
             victim = self.running.pop()
             self._free(victim)
             victim.reset_for_recompute()
@@ -87,17 +102,24 @@ class Scheduler:
             self.num_preemptions += 1
             preempted.append(victim.request_id)
             if victim is seq:
-                return False
-        return True
+                return None
+        return num_new
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hit = self.kv.get_computed_blocks(seq.token_ids)
             num_new = min(len(seq.token_ids) - hit.num_tokens, budget)
+            complete = self._complete(seq, hit.num_tokens)
+            seq.may_draft = True
             blocks = self.kv.allocate_slots(seq.request_id, seq.token_ids, hit.num_tokens,
                                             num_new, self.num_lookahead_tokens, hit.block_ids,
-                                            self._complete(seq, hit.num_tokens))
+                                            complete)
+            if blocks is None and not self.running and self.num_lookahead_tokens:
+                # alone in the cache: without the slots a drafter writes ahead it may fit
+                seq.may_draft = False
+                blocks = self.kv.allocate_slots(seq.request_id, seq.token_ids, hit.num_tokens,
+                                                num_new, 0, hit.block_ids, complete)
             if blocks is None:
                 break
             self.waiting.popleft()

@@ -121,6 +121,7 @@ class EagleProposer:
             return drafts
         rows, feats = self._with_stashed(out, rows, feats)
         hidden, seq_lens = self._step_one(rows, feats, tables)
+        rows, looked_up = _may_draft(out, rows, looked_up)
         if not rows.sampling:
             return drafts
         last = torch.tensor(rows.last_rows, device=self.device)
@@ -190,7 +191,7 @@ class EagleProposer:
             if seq.ngram_index is None:
                 seq.ngram_index = NgramIndex()
             seq.ngram_index.extend(tokens)
-            drafts.append(seq.ngram_index.propose(tokens, longest))
+            drafts.append(seq.ngram_index.propose(tokens, longest) if seq.may_draft else [])
         return drafts
 
     def _step_one(self, rows: DraftRows, feats: torch.Tensor, tables: list[list[int]]
@@ -302,6 +303,19 @@ class EagleProposer:
                 r.last_rows.append(len(r.input_ids) - 1)
                 r.sampling.append(i)
         return r
+
+
+def _may_draft(out: SchedulerOutput, rows: DraftRows, looked_up: list[list[int]]
+               ) -> tuple[DraftRows, list[list[int]]]:
+    """rows and lookups without the requests that may not draft this step (alone at the edge of
+    the KV cache, Sequence.may_draft): their step 1 is written, but the later draft steps would
+    write past their slots, and they have no room for drafts."""
+    keep = [j for j, i in enumerate(rows.sampling) if out.scheduled[i].seq.may_draft]
+    if len(keep) == len(rows.sampling):
+        return rows, looked_up
+    return (rows._replace(sampling=[rows.sampling[j] for j in keep],
+                          last_rows=[rows.last_rows[j] for j in keep]),
+            [looked_up[j] for j in keep] if looked_up else looked_up)
 
 
 def _per_request(rows: DraftRows, feats: torch.Tensor

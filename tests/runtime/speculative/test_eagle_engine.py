@@ -418,3 +418,32 @@ def test_a_running_requests_blocks_whose_drafter_rows_wait_are_not_lent(
     together, done = _drafts_of(engine(), requests, "w")
     assert together[-len(alone):] == alone  # w's steps after it is admitted
     assert done["w"].token_ids == plain.generate([w]).__next__().token_ids
+
+
+def test_a_request_alone_at_the_edge_of_the_cache_finishes_without_drafts(
+        tiny_model_dir: Path, prompts: list[list[int]], baseline: dict[str, Completion],
+        tmp_path: Path) -> None:
+    """A cache that holds the longest request's tokens (22 + 24 - 1 = 45 slots: 12 blocks of 4)
+    but not, in its last steps, the 4 slots the drafter writes ahead (45 + 4 > 48): the request
+    drafts while there is room and runs its last steps without drafts, instead of failing for
+    want of a cache that plain decoding does not need; the other requests too (preempted, then
+    alone in turn)."""
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=1,
+                                  style="eagle1", seed=5)
+    block_bytes = 3 * 2 * 4 * 2 * 16 * 4  # 3 layers (2 target, 1 drafter), K and V, 4 slots
+    engine, out = run(tiny_model_dir, prompts, kv_cache_memory=13 * block_bytes,
+                      drafter=str(drafter), num_speculative_tokens=4)
+    assert engine.kv_cache_config.num_blocks == 13  # 12 usable, block 0 is the null block
+    assert {k: c.token_ids for k, c in out.items()} == {k: c.token_ids for k, c in baseline.items()}
+    assert all(c.finish_reason == "length" and c.error is None for c in out.values())
+    longest = out[str(PROMPT_LENGTHS.index(22))]
+    assert 0 < longest.num_draft_steps
+    assert engine.scheduler.num_preemptions > 0
+    # a prompt that fits only without the slots written ahead (45 + 4 > 48) is admitted so
+    long_prompt = GenerationRequest("long", tuple(range(4, 49)),
+                                    SamplingParams(max_tokens=3, ignore_eos=True))
+    plain = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                kv_cache_memory=1 << 20))
+    [want] = plain.generate([long_prompt])
+    [got] = engine.generate([long_prompt])
+    assert got.error is None and got.token_ids == want.token_ids and len(want.token_ids) == 3
