@@ -166,10 +166,11 @@ class Engine:
         """Nothing could be scheduled with nothing running: the head request can never fit."""
         seq = self.scheduler.waiting[0]
         self.scheduler.finish(seq, "error")
-        # what finishing it takes (at least what just failed): every token of the prompt and
-        # the completion (alone in the cache, a request runs without drafts where they do not fit)
+        # what finishing it takes (at least what just failed): a slot for every token of the
+        # prompt and the completion but the last, which is never fed (alone in the cache, a
+        # request runs without drafts where they do not fit)
         tokens = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
-        need = -(-tokens // self.placement.block_size)
+        need = -(-(tokens - 1) // self.placement.block_size)
         return _completion(seq, error=(
             f"request needs up to {need} KV cache blocks of {self.placement.block_size} tokens "
             f"to finish ({tokens} tokens of prompt and completion) but the whole cache has "

@@ -61,6 +61,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                       md.slot_mapping)
         query = query.contiguous()
         out = torch.empty_like(query)
+        if md.num_seqs == 0:  # an empty step: nothing to attend (its block table is 1-D)
+            return out
         rows = kernel_rows(md, query.device)
         torch.ops.eaglebatch.paged_attention(
             query, kv_cache, out, rows.rows, rows.query_starts, rows.query_lens, rows.seq_lens,

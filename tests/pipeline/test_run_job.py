@@ -216,8 +216,9 @@ def test_rows_the_engine_refuses_are_error_rows(tmp_path: Path, tiny_model_dir: 
     assert rows[1]["completion"] is None and rows[1]["prompt_tokens"] > 31
     tokens = rows[1]["prompt_tokens"] + 4
     assert rows[1]["error"] == (
-        f"request needs up to {-(-tokens // 4)} KV cache blocks of 4 tokens to finish ({tokens} "
-        "tokens of prompt and completion) but the whole cache has 7; raise --kv-cache-memory")
+        f"request needs up to {-(-(tokens - 1) // 4)} KV cache blocks of 4 tokens to finish "
+        f"({tokens} tokens of prompt and completion) but the whole cache has 7; "
+        "raise --kv-cache-memory")
     assert (summary.totals.rows, summary.totals.errors) == (2, 1)
 
 

@@ -127,6 +127,14 @@ def test_cpu_kernel_gives_the_same_bits_on_any_number_of_threads() -> None:
     assert torch.equal(outputs[0], outputs[1])
 
 
+def test_an_empty_step_gives_an_empty_output() -> None:
+    md = build_attention_metadata([], [], [], [], torch.device("cpu"))
+    query, kv = torch.empty(0, 4, 16), torch.empty(0, 2, 16)
+    cache = torch.randn(2, 4, 4, 2, 16)
+    for backend in (CpuAttentionBackend(0.25), TorchAttentionBackend(0.25)):
+        assert backend.forward(query, kv, kv, cache, md).shape == (0, 4, 16)
+
+
 def test_auto_picks_the_cpu_backend_on_the_cpu() -> None:
     assert choose_backend_name("auto", torch.device("cpu")) == "cpu"
     assert choose_backend_name("torch", torch.device("cpu")) == "torch"
