@@ -88,8 +88,9 @@ class JobConfig:
             "model": _as_path_if_exists(self.engine.model),
             "drafter": (None if self.engine.drafter is None
                         else _as_path_if_exists(self.engine.drafter)),
+            # drafting leaves greedy and seeded outputs as they are, but not the rows' drafted
+            # and accepted counts: a job's parts come from one drafting setup
             "num_speculative_tokens": self.engine.num_speculative_tokens,
-            # which drafts are verified steers seeded sampling's random draws (not greedy output)
             "draft_confidence": self.engine.draft_confidence,
             "draft_int8": self.engine.draft_int8,
             "draft_ngram": self.engine.draft_ngram,
