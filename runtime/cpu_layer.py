@@ -196,6 +196,6 @@ class CpuLayerStack:
             return None
         rows = kernel_rows(md, x.device)
         return self._stack.forward(x, residual, positions, rope.cos, rope.sin, caches,
-                                   md.slot_mapping, rows.rows, rows.query_starts,
-                                   rows.query_lens, rows.seq_lens, md.block_table,
+                                   md.slot_mapping, rows.query_starts, rows.query_lens,
+                                   rows.seq_lens, md.block_table,
                                    list(aux_ids), Q4_ROWS)

@@ -36,8 +36,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # 16-bit: comput
 
 
 class KernelRows(NamedTuple):
-    """A step's sequences as the kernel takes them."""
-    rows: torch.Tensor  # [num_seqs] int64: the sequences to compute (all of them)
+    """A step's sequences as the kernel takes them (it computes every one)."""
     query_starts: torch.Tensor  # [num_seqs] int64
     query_lens: torch.Tensor  # [num_seqs] int64
     seq_lens: torch.Tensor  # [num_seqs] int64
@@ -65,7 +64,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return out
         rows = kernel_rows(md, query.device)
         torch.ops.eaglebatch.paged_attention(
-            query, kv_cache, out, rows.rows, rows.query_starts, rows.query_lens, rows.seq_lens,
+            query, kv_cache, out, rows.query_starts, rows.query_lens, rows.seq_lens,
             md.block_table, self.scale, self.sliding_window or 0)
         return out
 
@@ -75,7 +74,6 @@ def kernel_rows(md: AttentionMetadata, device: torch.device) -> KernelRows:
     if "cpu" not in md.derived:
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
-        md.derived["cpu"] = KernelRows(as_tensor(list(range(md.num_seqs))),
-                                       as_tensor(md.query_starts[:-1]),
+        md.derived["cpu"] = KernelRows(as_tensor(md.query_starts[:-1]),
                                        as_tensor(md.query_lens), as_tensor(md.seq_lens_host))
     return md.derived["cpu"]

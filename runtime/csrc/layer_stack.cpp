@@ -115,8 +115,8 @@ const auto& paged_attention() {
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("eaglebatch::paged_attention", "")
           .typed<void(const at::Tensor&, const at::Tensor&, at::Tensor&, const at::Tensor&,
-                      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      double, int64_t)>();
+                      const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                      int64_t)>();
   return op;
 }
 
@@ -133,10 +133,9 @@ std::vector<at::Tensor> parts(const at::Tensor& x, const Product& p, bool q4) {
 }
 
 // What a step's attention reads besides the cache: the metadata's slots and the kernel's rows
-// (runtime.attention.cpu_backend's _KernelRows), the same for every layer of the step.
+// (runtime.attention.cpu_backend's KernelRows), the same for every layer of the step.
 struct StepRows {
   const at::Tensor& slot_mapping;
-  const at::Tensor& rows;
   const at::Tensor& query_starts;
   const at::Tensor& query_lens;
   const at::Tensor& seq_lens;
@@ -163,7 +162,7 @@ at::Tensor run_layer(const Layer& l, at::Tensor x, const at::Tensor& residual,
   write_kv().call(kv_cache, k.contiguous(), v.contiguous(), s.slot_mapping);
   const at::Tensor query = q.contiguous();
   at::Tensor out = at::empty_like(query);
-  paged_attention().call(query, kv_cache, out, s.rows, s.query_starts, s.query_lens, s.seq_lens,
+  paged_attention().call(query, kv_cache, out, s.query_starts, s.query_lens, s.seq_lens,
                          s.block_table, l.scale, l.window);
   const at::Tensor h = residual + linear(out.view({n, -1}), l.o_proj, q4);
   std::vector<at::Tensor> gate_up = parts(rms_norm().call(h, l.post_norm, l.post_eps),
@@ -230,15 +229,14 @@ struct LayerStack : torch::CustomClassHolder {
   // features), in that order.
   std::vector<at::Tensor> forward(at::Tensor x, at::Tensor residual, at::Tensor positions,
                                   at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> caches,
-                                  at::Tensor slot_mapping, at::Tensor rows,
-                                  at::Tensor query_starts, at::Tensor query_lens,
+                                  at::Tensor slot_mapping, at::Tensor query_starts, at::Tensor query_lens,
                                   at::Tensor seq_lens, at::Tensor block_table,
                                   std::vector<int64_t> aux_ids, int64_t q4_rows) {
     TORCH_CHECK(caches.size() == layers.size(), "LayerStack.forward: one cache per layer");
     for (const int64_t id : aux_ids)
       TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(layers.size()),
                   "LayerStack.forward: aux layer ", id, " outside the stack");
-    const StepRows s{slot_mapping, rows, query_starts, query_lens, seq_lens, block_table};
+    const StepRows s{slot_mapping, query_starts, query_lens, seq_lens, block_table};
     std::vector<at::Tensor> out(1 + aux_ids.size());
     for (size_t i = 0; i < layers.size(); ++i) {
       for (size_t a = 0; a < aux_ids.size(); ++a)

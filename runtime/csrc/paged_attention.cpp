@@ -284,7 +284,6 @@ template <typename T>
 void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
                      const at::Tensor& kv_cache,     // [2, blocks, block_size, kv_heads, dim]
                      at::Tensor& out,                // [num_tokens, heads, dim]
-                     const at::Tensor& rows,         // [R] int64: sequences to compute
                      const at::Tensor& query_starts, // [S] int64
                      const at::Tensor& query_lens,   // [S] int64
                      const at::Tensor& seq_lens,     // [S] int64: cached tokens after this step
@@ -303,7 +302,6 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
   const T* k_base = kv_cache.data_ptr<T>();
   const T* v_base = k_base + num_blocks * block_size * kv_heads * dim;
   T* o_base = out.data_ptr<T>();
-  const int64_t* row_ids = rows.data_ptr<int64_t>();
   const int64_t* starts = query_starts.data_ptr<int64_t>();
   const int64_t* q_lens = query_lens.data_ptr<int64_t>();
   const int64_t* kv_lens = seq_lens.data_ptr<int64_t>();
@@ -328,8 +326,8 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
     return std::make_pair(lo, first_pos + std::min(q_lens[s], t0 + kTile));
   };
   std::vector<Item> items;
-  for (int64_t r = 0; r < rows.size(0); ++r)
-    for (int64_t t = 0; t < q_lens[row_ids[r]]; t += kTile) items.push_back({row_ids[r], t, 0, 0});
+  for (int64_t seq = 0; seq < query_lens.size(0); ++seq)  // every sequence of the step
+    for (int64_t t = 0; t < q_lens[seq]; t += kTile) items.push_back({seq, t, 0, 0});
   const bool few = static_cast<int64_t>(items.size()) < 4 * at::get_num_threads();
   std::vector<Item> work;
   for (const Item& it : items) {
@@ -448,21 +446,21 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
 
 
 void paged_attention(const at::Tensor& query, const at::Tensor& kv_cache, at::Tensor& out,
-                     const at::Tensor& rows, const at::Tensor& query_starts,
-                     const at::Tensor& query_lens, const at::Tensor& seq_lens,
+                     const at::Tensor& query_starts, const at::Tensor& query_lens,
+                     const at::Tensor& seq_lens,
                      const at::Tensor& block_table, double scale, int64_t window) {
   const auto dtype = query.scalar_type();
   TORCH_CHECK(kv_cache.scalar_type() == dtype && out.scalar_type() == dtype,
               "paged_attention: query, cache and output of one dtype");
   switch (dtype) {
     case at::kFloat:
-      return paged_attention_impl<float>(query, kv_cache, out, rows, query_starts, query_lens,
+      return paged_attention_impl<float>(query, kv_cache, out, query_starts, query_lens,
                                          seq_lens, block_table, scale, window);
     case at::kBFloat16:
-      return paged_attention_impl<c10::BFloat16>(query, kv_cache, out, rows, query_starts,
+      return paged_attention_impl<c10::BFloat16>(query, kv_cache, out, query_starts,
                                                  query_lens, seq_lens, block_table, scale, window);
     case at::kHalf:
-      return paged_attention_impl<c10::Half>(query, kv_cache, out, rows, query_starts,
+      return paged_attention_impl<c10::Half>(query, kv_cache, out, query_starts,
                                              query_lens, seq_lens, block_table, scale, window);
     default:
       TORCH_CHECK(false, "paged_attention: float32, bfloat16 or float16 tensors, not ", dtype);
@@ -472,7 +470,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& kv_cache, at::Te
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
-  m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor(a!) out, Tensor rows, "
+  m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor(a!) out, "
         "Tensor query_starts, Tensor query_lens, Tensor seq_lens, Tensor block_table, "
         "float scale, int window) -> ()");
 }
