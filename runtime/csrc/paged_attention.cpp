@@ -29,6 +29,12 @@
 // time at 500-3000 keys, 1.00x at 6000; batch 64 at 600-3000: 0.66-0.81x), and splitting a
 // lone sequence's KV heads 0.68-0.77x at 1500-8000 keys, so both went. Prefill of the default
 // model against SDPA: 48 / 256 / 1,024 / 2,000 prompt tokens 0.88x / 0.99x / 1.14x / 1.17x.
+// Then tiles with 6+ query vectors per KV head got their scores with the keys in the lanes
+// (lanes_dot16: no permutes, each transposed chunk shared by the vectors), and a tile whose
+// scores would pass 256 KB an item per KV head: prefill of the default model at 48 / 256 /
+// 1,024 / 2,000 tokens 0.99x / 0.95x / 0.82x / 0.82x the time (EPYC, 2 threads, interleaved);
+// the kernel alone on random data, heads 9/3 to 32/8, dim 32-128, 0.63x-0.88x for prompt
+// chunks and 2-4-row verifications; one query per sequence takes the path it took before.
 //
 // float32, bfloat16 and float16 tensors (query, cache and output of one dtype): 16-bit values are
 // widened to float32 as they are read (exact) and the result rounded once when stored, so a
@@ -58,6 +64,8 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int64_t kTile = 16;  // query tokens per work item
 constexpr int64_t kFetchAhead = 4;  // K rows fetched before a tile's first scores
+constexpr int64_t kLanesVectors = 6;  // query vectors per KV head from which lanes_dot16 runs
+constexpr int64_t kScoreBytes = 256 * 1024;  // a tile's scores past this: one KV head per item
 
 inline float dot(const float* a, const float* b, int64_t n) {
 #ifdef __AVX512F__
@@ -217,6 +225,73 @@ inline void chunk_scores(const float* q, const float* const* rows, int64_t offse
 }
 
 #ifdef __AVX512F__
+// The n <= 16 keys of one chunk, one KV head, transposed: kt[d * 16 + m] = rows[m][offset + d]
+// (0 for m >= n), so that 16 keys sit in the lanes of one vector per dimension.
+inline void transpose_keys(const float* const* rows, int64_t offset, int64_t n, int64_t dim,
+                           float* kt) {
+  for (int64_t d0 = 0; d0 < dim; d0 += kLanes) {
+    __m512 r[kLanes];
+    for (int m = 0; m < kLanes; ++m)
+      r[m] = m < n ? _mm512_loadu_ps(rows[m] + offset + d0) : _mm512_setzero_ps();
+    // 16 x 16 transpose: 32-bit, then 64-bit interleaves, then 128-bit lane shuffles
+    __m512 t[kLanes];
+    for (int m = 0; m < kLanes; m += 2) {
+      t[m] = _mm512_unpacklo_ps(r[m], r[m + 1]);
+      t[m + 1] = _mm512_unpackhi_ps(r[m], r[m + 1]);
+    }
+    for (int m = 0; m < kLanes; m += 4)
+      for (int i = 0; i < 2; ++i) {
+        r[m + i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[m + i]),
+                                                       _mm512_castps_pd(t[m + 2 + i])));
+        r[m + 2 + i] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[m + i]),
+                                                           _mm512_castps_pd(t[m + 2 + i])));
+      }
+    // 128-bit lane L of r[4b + s] now holds keys 4b .. 4b + 3 at dimension 4L + j, where s is
+    // j with 1 and 2 swapped; the 128-bit lanes are gathered into one vector per dimension
+    for (int j = 0; j < 4; ++j) {
+      const int s = j == 1 ? 2 : j == 2 ? 1 : j;
+      const __m512 a = _mm512_shuffle_f32x4(r[s], r[4 + s], 0x88);  // lanes 0, 2: keys 0-3, 4-7
+      const __m512 b = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0x88);  // keys 8-11, 12-15
+      const __m512 c = _mm512_shuffle_f32x4(r[s], r[4 + s], 0xDD);  // lanes 1, 3
+      const __m512 e = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0xDD);
+      _mm512_storeu_ps(kt + (d0 + j) * kLanes, _mm512_shuffle_f32x4(a, b, 0x88));       // L0
+      _mm512_storeu_ps(kt + (d0 + 4 + j) * kLanes, _mm512_shuffle_f32x4(c, e, 0x88));   // L1
+      _mm512_storeu_ps(kt + (d0 + 8 + j) * kLanes, _mm512_shuffle_f32x4(a, b, 0xDD));   // L2
+      _mm512_storeu_ps(kt + (d0 + 12 + j) * kLanes, _mm512_shuffle_f32x4(c, e, 0xDD));  // L3
+    }
+  }
+}
+
+// dot16() of each of Count (1 or 2) query vectors against the 16 keys of transpose_keys()' kt,
+// sharing each load of kt: lane m of partial l is the same FMA chain over d = l, l + 16, ...
+// (q[d] * k_m[d], in that order, from 0) as dot16()'s lane l for key m, and the partials are
+// summed in dot16()'s tree (l + 8, then + 4, + 2, + 1): the same bits, without the transposed
+// reduction's permutes.
+template <int Count>
+inline void lanes_dot16(const float* const* q, const float* kt, int64_t dim, __m512* out) {
+  __m512 half[Count][8];
+  for (int l = 0; l < 8; ++l) {
+    __m512 lo[Count], hi[Count];
+    for (int v = 0; v < Count; ++v) lo[v] = hi[v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      const __m512 k_lo = _mm512_loadu_ps(kt + (d + l) * kLanes);
+      const __m512 k_hi = _mm512_loadu_ps(kt + (d + l + 8) * kLanes);
+      for (int v = 0; v < Count; ++v) {
+        lo[v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v][d + l]), k_lo, lo[v]);
+        hi[v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v][d + l + 8]), k_hi, hi[v]);
+      }
+    }
+    for (int v = 0; v < Count; ++v) half[v][l] = _mm512_add_ps(lo[v], hi[v]);
+  }
+  for (int v = 0; v < Count; ++v) {
+    for (int l = 0; l < 4; ++l) half[v][l] = _mm512_add_ps(half[v][l], half[v][l + 4]);
+    for (int l = 0; l < 2; ++l) half[v][l] = _mm512_add_ps(half[v][l], half[v][l + 2]);
+    out[v] = _mm512_add_ps(half[v][0], half[v][1]);
+  }
+}
+#endif
+
+#ifdef __AVX512F__
 // For Count query vectors at once: out[m] += p[m][j] * (rows[j] + offset) for the keys j in
 // [j0, j1) where p[m][j] != 0, in order of j: axpy()'s products and sums for each output value
 // (a masked add skips a zero weight as axpy()'s caller does), with the outputs in registers and
@@ -331,14 +406,18 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
   const bool few = static_cast<int64_t>(items.size()) < 4 * at::get_num_threads();
   std::vector<Item> work;
   for (const Item& it : items) {
-    const bool split = few;
+    const auto [lo, hi] = tile_keys(it.seq, it.t0);
+    const int64_t tile_len = std::min(q_lens[it.seq] - it.t0, kTile);
+    // (a long prompt chunk's scores for all heads would not stay in L2)
+    const bool split = few || (hi - lo) * tile_len * heads * 4 > kScoreBytes;
     for (int64_t g = 0; g < kv_heads; g += split ? 1 : kv_heads)
       work.push_back({it.seq, it.t0, g, split ? g + 1 : kv_heads});
   }
   at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc, q_wide, k_wide, v_wide;
+    std::vector<float> scores, acc, q_wide, k_wide, v_wide, kt;
     std::vector<const float*> k_rows, v_rows, weights, q_ptrs;
     std::vector<int64_t> kv_offsets;
+    std::vector<std::vector<int64_t>> head_vectors;
     std::vector<float*> outs;
     const std::vector<float> zeros(dim, 0.f);
     for (int64_t w = begin; w < end; ++w) {
@@ -390,6 +469,41 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       // next 16 keys' K and V rows are fetched (blocks are scattered, and hardware prefetchers
       // do not follow a sequence from one block to the next), a share of their lines between
       // the query vectors.
+#ifdef __AVX512F__
+      // With enough query vectors per KV head (prompt chunks, verifications of 2+ rows), each
+      // chunk of 16 keys is transposed once per KV head and the vectors' scores come from
+      // lanes_dot16(), the same bits as chunk_scores() below (which one query per sequence, as
+      // in decoding, keeps: there the transposes would cost more than they save).
+      if (dim % kLanes == 0 && tile_len * group >= kLanesVectors) {
+        kt.resize(dim * kLanes);
+        head_vectors.assign(g1 - g0, {});  // the query vectors of each KV head
+        for (int64_t a = 0; a < nq; ++a) head_vectors[(h0 + a % hq) / group - g0].push_back(a);
+        const int64_t row_lines = (part * 4 + 63) / 64;
+        for (int64_t c0 = 0; c0 < span; c0 += kLanes) {
+          const int64_t n = std::min<int64_t>(kLanes, span - c0);
+          for (int64_t r = c0 + kLanes; r < std::min(span, c0 + 2 * kLanes); ++r)
+            for (int64_t l = 0; l < row_lines; ++l) {
+              __builtin_prefetch(k_rows[r] + 16 * l, 0, 2);
+              __builtin_prefetch(v_rows[r] + 16 * l, 0, 2);
+            }
+          const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+          for (int64_t g = g0; g < g1; ++g) {
+            transpose_keys(k_rows.data() + c0, (g - g0) * dim, n, dim, kt.data());
+            const std::vector<int64_t>& mine = head_vectors[g - g0];
+            for (size_t i = 0; i < mine.size(); i += 2) {
+              const int count = i + 1 < mine.size() ? 2 : 1;
+              const float* qs[2] = {q_ptrs[mine[i]], q_ptrs[mine[i + count - 1]]};
+              __m512 sc[2];
+              if (count == 2) lanes_dot16<2>(qs, kt.data(), dim, sc);
+              else lanes_dot16<1>(qs, kt.data(), dim, sc);
+              for (int v = 0; v < count; ++v)
+                _mm512_mask_storeu_ps(scores.data() + mine[i + v] * span + c0, keep,
+                                      _mm512_mul_ps(sc[v], _mm512_set1_ps(fscale)));
+            }
+          }
+        }
+      } else
+#endif
       {
         const int64_t row_lines = (part * 4 + 63) / 64;  // cache lines of a row's part
         for (int64_t c0 = 0; c0 < span; c0 += kLanes) {

@@ -175,3 +175,39 @@ def test_cuda_path_repeats_kv_heads_and_gives_the_gqa_result(heads: int, kv_head
     k2 = k.clone()
     k2[2, :, 30:] = 100.0
     torch.testing.assert_close(attend_without_cudnn(q, k2, v, mask, 0.2)[2], got[2])
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (32, 8, 128), (4, 2, 32),
+                                                (6, 2, 48), (8, 8, 16), (4, 4, 40)])
+@pytest.mark.parametrize("window", [None, 37])
+def test_prompt_rows_get_the_bits_of_decode_rows(heads: int, kv_heads: int, dim: int,
+                                                 window: int | None) -> None:
+    """The kernel's two ways to score keys (keys in lanes for tiles of several query vectors per
+    KV head, a transposed reduction for one query per sequence) give the same bits: the last
+    rows of a 300-token prompt, prefilled in one chunk, equal the same rows fed one at a time
+    as decode rows (four KV heads' worth of query vectors or more take keys in lanes)."""
+    query, key, value, cache, md = _inputs(heads, kv_heads, dim, [300], [300], seed=3)
+    backend = CpuAttentionBackend(dim**-0.5, window)
+    whole = backend.forward(query, key, value, cache, md)
+    table, slots = md.block_table[0].tolist(), md.slot_mapping.tolist()
+    for row in range(280, 300):
+        step = build_attention_metadata([1], [row + 1], [table], [slots[row]],
+                                        torch.device("cpu"))
+        alone = backend.forward(query[row:row + 1], key[row:row + 1], value[row:row + 1],
+                                cache, step)
+        assert torch.equal(alone, whole[row:row + 1]), f"row {row}"
+
+
+def test_a_long_prompt_gets_the_bits_of_its_decode_rows() -> None:
+    """A 700-token chunk (its tiles' scores pass 256 KB: one work item per KV head) against its
+    last rows fed one at a time."""
+    query, key, value, cache, md = _inputs(9, 3, 64, [700], [700], seed=4)
+    backend = CpuAttentionBackend(64**-0.5)
+    whole = backend.forward(query, key, value, cache, md)
+    table, slots = md.block_table[0].tolist(), md.slot_mapping.tolist()
+    for row in (683, 699):
+        step = build_attention_metadata([1], [row + 1], [table], [slots[row]],
+                                        torch.device("cpu"))
+        alone = backend.forward(query[row:row + 1], key[row:row + 1], value[row:row + 1],
+                                cache, step)
+        assert torch.equal(alone, whole[row:row + 1]), f"row {row}"
