@@ -32,7 +32,8 @@
 // Then tiles with 6+ query vectors per KV head got their scores with the keys in the lanes
 // (lanes_dot16: no permutes, each transposed chunk shared by the vectors), and a tile whose
 // scores would pass 256 KB an item per KV head: prefill of the default model at 48 / 256 /
-// 1,024 / 2,000 tokens 0.99x / 0.95x / 0.82x / 0.82x the time (EPYC, 2 threads, interleaved);
+// 1,024 / 2,000 tokens 0.99x / 0.95x / 0.82x / 0.82x the time (EPYC, 2 threads, interleaved;
+// against SDPA now 0.85x / 0.93x / 0.90x / 0.87x);
 // the kernel alone on random data, heads 9/3 to 32/8, dim 32-128, 0.63x-0.88x for prompt
 // chunks and 2-4-row verifications; one query per sequence takes the path it took before.
 //
