@@ -29,13 +29,13 @@
 // time at 500-3000 keys, 1.00x at 6000; batch 64 at 600-3000: 0.66-0.81x), and splitting a
 // lone sequence's KV heads 0.68-0.77x at 1500-8000 keys, so both went. Prefill of the default
 // model against SDPA: 48 / 256 / 1,024 / 2,000 prompt tokens 0.88x / 0.99x / 1.14x / 1.17x.
-// Then tiles with 6+ query vectors per KV head got their scores with the keys in the lanes
-// (lanes_dot16: no permutes, each transposed chunk shared by the vectors), and a tile whose
-// scores would pass 256 KB an item per KV head: prefill of the default model at 48 / 256 /
-// 1,024 / 2,000 tokens 0.99x / 0.95x / 0.82x / 0.82x the time (EPYC, 2 threads, interleaved;
-// against SDPA now 0.85x / 0.93x / 0.90x / 0.87x);
-// the kernel alone on random data, heads 9/3 to 32/8, dim 32-128, 0.63x-0.88x for prompt
-// chunks and 2-4-row verifications; one query per sequence takes the path it took before.
+// Then tiles of 2+ query tokens with 8+ query vectors per KV head got their scores with the
+// keys in the lanes (lanes_dot16: no permutes, each transposed chunk shared by the vectors),
+// and a tile whose scores would pass 256 KB an item per KV head: prefill of the default model
+// at 48 / 256 / 1,024 / 2,000 tokens 0.99x / 0.95x / 0.82x / 0.82x the time (EPYC, 2 threads,
+// interleaved; against SDPA now 0.85x / 0.93x / 0.90x / 0.87x); the kernel alone on random
+// data, heads 9/3 to 32/8, dim 32-128, 0.63x-0.88x for prompt chunks and 0.82x-0.97x for 3-4-row
+// verifications (9/3) at batch 16-64; one query per sequence takes the path it took before.
 //
 // float32, bfloat16 and float16 tensors (query, cache and output of one dtype): 16-bit values are
 // widened to float32 as they are read (exact) and the result rounded once when stored, so a
@@ -65,7 +65,7 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int64_t kTile = 16;  // query tokens per work item
 constexpr int64_t kFetchAhead = 4;  // K rows fetched before a tile's first scores
-constexpr int64_t kLanesVectors = 6;  // query vectors per KV head from which lanes_dot16 runs
+constexpr int64_t kLanesVectors = 8;  // query vectors per KV head from which lanes_dot16 runs
 constexpr int64_t kScoreBytes = 256 * 1024;  // a tile's scores past this: one KV head per item
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -471,11 +471,13 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       // do not follow a sequence from one block to the next), a share of their lines between
       // the query vectors.
 #ifdef __AVX512F__
-      // With enough query vectors per KV head (prompt chunks, verifications of 2+ rows), each
-      // chunk of 16 keys is transposed once per KV head and the vectors' scores come from
-      // lanes_dot16(), the same bits as chunk_scores() below (which one query per sequence, as
-      // in decoding, keeps: there the transposes would cost more than they save).
-      if (dim % kLanes == 0 && tile_len * group >= kLanesVectors) {
+      // With several query tokens and enough query vectors per KV head (prompt chunks,
+      // verifications of 3+ rows with heads 9/3, 2+ with 32/8), each chunk of 16 keys is
+      // transposed once per KV head and the vectors' scores come from lanes_dot16(), the same
+      // bits as chunk_scores() below, which keeps the rest: one query per sequence (decoding;
+      // with 7 query heads per KV head, dim 128, batch 64, lanes took ~1.3x the time) and
+      // 6-vector tiles (2 rows at 9/3: ~1.15x), where the transposes cost more than they save.
+      if (dim % kLanes == 0 && tile_len > 1 && tile_len * group >= kLanesVectors) {
         kt.resize(dim * kLanes);
         head_vectors.assign(g1 - g0, {});  // the query vectors of each KV head
         for (int64_t a = 0; a < nq; ++a) head_vectors[(h0 + a % hq) / group - g0].push_back(a);

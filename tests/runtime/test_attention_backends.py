@@ -182,10 +182,10 @@ def test_cuda_path_repeats_kv_heads_and_gives_the_gqa_result(heads: int, kv_head
 @pytest.mark.parametrize("window", [None, 37])
 def test_prompt_rows_get_the_bits_of_decode_rows(heads: int, kv_heads: int, dim: int,
                                                  window: int | None) -> None:
-    """The kernel's two ways to score keys (keys in lanes for tiles of several query vectors per
-    KV head, a transposed reduction for one query per sequence) give the same bits: the last
-    rows of a 300-token prompt, prefilled in one chunk, equal the same rows fed one at a time
-    as decode rows (four KV heads' worth of query vectors or more take keys in lanes)."""
+    """The kernel's two ways to score keys (keys in lanes for tiles of several query tokens, a
+    transposed reduction for one query per sequence) give the same bits: the last rows of a
+    300-token prompt, prefilled in one chunk, equal the same rows fed one at a time as decode
+    rows (dim 40 takes the portable dot either way)."""
     query, key, value, cache, md = _inputs(heads, kv_heads, dim, [300], [300], seed=3)
     backend = CpuAttentionBackend(dim**-0.5, window)
     whole = backend.forward(query, key, value, cache, md)
