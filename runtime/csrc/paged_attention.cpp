@@ -444,9 +444,11 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       // per query vector: its query, and where its KV head sits in the item's part of a row
       q_ptrs.resize(nq);
       kv_offsets.resize(nq);
+      head_vectors.assign(g1 - g0, {});  // the query vectors of each of the item's KV heads
       for (int64_t a = 0; a < nq; ++a) {
         q_ptrs[a] = q_tile + ((a / hq) * heads + h0 + a % hq) * dim;
         kv_offsets[a] = ((h0 + a % hq) / group - g0) * dim;
+        head_vectors[(h0 + a % hq) / group - g0].push_back(a);
       }
       auto slot_of = [&](int64_t j) {
         return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
@@ -479,8 +481,6 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       // 6-vector tiles (2 rows at 9/3: ~1.15x), where the transposes cost more than they save.
       if (dim % kLanes == 0 && tile_len > 1 && tile_len * group >= kLanesVectors) {
         kt.resize(dim * kLanes);
-        head_vectors.assign(g1 - g0, {});  // the query vectors of each KV head
-        for (int64_t a = 0; a < nq; ++a) head_vectors[(h0 + a % hq) / group - g0].push_back(a);
         const int64_t row_lines = (part * 4 + 63) / 64;
         for (int64_t c0 = 0; c0 < span; c0 += kLanes) {
           const int64_t n = std::min<int64_t>(kLanes, span - c0);
@@ -545,8 +545,7 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
       for (int64_t g = g0; g < g1; ++g) {
         weights.clear();
         outs.clear();
-        for (int64_t a = 0; a < nq; ++a) {
-          if ((h0 + a % hq) / group != g) continue;
+        for (const int64_t a : head_vectors[g - g0]) {
           weights.push_back(scores.data() + a * span);
           outs.push_back(acc.data() + a * dim);
         }

@@ -4,6 +4,8 @@ without a sliding window, for GQA and plain multi-head layouts; and the kernel's
 themselves across batches, chunkings, paths and thread counts."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 import torch
 
@@ -186,26 +188,24 @@ def test_prompt_rows_get_the_bits_of_decode_rows(heads: int, kv_heads: int, dim:
     transposed reduction for one query per sequence) give the same bits: the last rows of a
     300-token prompt, prefilled in one chunk, equal the same rows fed one at a time as decode
     rows (dim 40 takes the portable dot either way)."""
-    query, key, value, cache, md = _inputs(heads, kv_heads, dim, [300], [300], seed=3)
-    backend = CpuAttentionBackend(dim**-0.5, window)
-    whole = backend.forward(query, key, value, cache, md)
-    table, slots = md.block_table[0].tolist(), md.slot_mapping.tolist()
-    for row in range(280, 300):
-        step = build_attention_metadata([1], [row + 1], [table], [slots[row]],
-                                        torch.device("cpu"))
-        alone = backend.forward(query[row:row + 1], key[row:row + 1], value[row:row + 1],
-                                cache, step)
-        assert torch.equal(alone, whole[row:row + 1]), f"row {row}"
+    _assert_rows_alone_equal_the_chunk(heads, kv_heads, dim, window, 300, range(280, 300), 3)
 
 
 def test_a_long_prompt_gets_the_bits_of_its_decode_rows() -> None:
     """A 700-token chunk (its tiles' scores pass 256 KB: one work item per KV head) against its
     last rows fed one at a time."""
-    query, key, value, cache, md = _inputs(9, 3, 64, [700], [700], seed=4)
-    backend = CpuAttentionBackend(64**-0.5)
+    _assert_rows_alone_equal_the_chunk(9, 3, 64, None, 700, (683, 699), 4)
+
+
+def _assert_rows_alone_equal_the_chunk(heads: int, kv_heads: int, dim: int, window: int | None,
+                                       length: int, rows: Iterable[int], seed: int) -> None:
+    """A prompt of `length` tokens prefilled in one chunk, then each of `rows` fed alone as a
+    decode row over the same cache: every one the chunk's bits."""
+    query, key, value, cache, md = _inputs(heads, kv_heads, dim, [length], [length], seed=seed)
+    backend = CpuAttentionBackend(dim**-0.5, window)
     whole = backend.forward(query, key, value, cache, md)
     table, slots = md.block_table[0].tolist(), md.slot_mapping.tolist()
-    for row in (683, 699):
+    for row in rows:
         step = build_attention_metadata([1], [row + 1], [table], [slots[row]],
                                         torch.device("cpu"))
         alone = backend.forward(query[row:row + 1], key[row:row + 1], value[row:row + 1],
