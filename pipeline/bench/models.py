@@ -13,7 +13,6 @@ from pipeline.bench.presets import (
     make_random_checkpoint,
     make_random_drafter,
     preset_config,
-    preset_names,
     weight_bytes,
 )
 from pipeline.config import JobError
@@ -35,10 +34,11 @@ def resolve_models(config: BenchConfig, scratch: Path, dtype: torch.dtype,
     the weights are known to fit in memory."""
     preset = config.random_preset
     if preset is not None:
-        if preset not in preset_names():
-            raise JobError(f"--model {config.model}: unknown preset; presets: "
-                           f"{', '.join('random:' + n for n in preset_names())}")
-        check_memory(config, preset_config(preset), dtype, device)
+        try:
+            shape = preset_config(preset)
+        except ValueError as exc:
+            raise JobError(f"--model {config.model}: {exc}") from None
+        check_memory(config, shape, dtype, device)
         model_dir = make_random_checkpoint(preset, scratch / "model", dtype)
     else:
         try:

@@ -3,7 +3,11 @@
 `random:<preset>` builds a Hugging Face checkpoint with the preset's architecture (layers, widths,
 heads, vocabulary) and random weights, next to a byte-level tokenizer (one token per byte of UTF-8,
 so it needs no download). Its outputs, and so any acceptance figure, are meaningless; its speed is
-that of the real model. Rope scaling is left out and the context is capped at 8192 (shape only).
+that of the real model. A preset leaves rope scaling out and caps the context at 8192 (shape only).
+
+`random:<path>` does the same for any model whose config.json is at hand without its weights (the
+file, or a checkpoint directory holding it): the config is kept as it is (rope scaling, windows,
+context), except its special token ids, which become the byte tokenizer's, and any quantization.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from runtime.model import SUPPORTED_MODEL_TYPES
+
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -40,6 +46,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, vocab_size=151936, rope_theta=1000000.0,
                        tie_word_embeddings=True),
+    "mistral-7b": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       vocab_size=32000, rope_theta=10000.0, sliding_window=4096,
+                       tie_word_embeddings=False),  # v0.1: every layer windowed
+    "llama-2-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                       vocab_size=32000, rope_theta=10000.0, tie_word_embeddings=False),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       vocab_size=152064, rope_theta=1000000.0, tie_word_embeddings=False),
     "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288,
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, vocab_size=151936, rope_theta=1000000.0,
@@ -62,11 +78,34 @@ def preset_names() -> list[str]:
 
 
 def preset_config(preset: str, shape: dict[str, Any] | None = None) -> PretrainedConfig:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(preset_names())}")
-    return AutoConfig.for_model(max_position_embeddings=MAX_POSITIONS, bos_token_id=1,
-                                eos_token_id=2, pad_token_id=3, **{**PRESETS[preset],
-                                                                   **(shape or {})})
+    """The config of a preset, or of a config.json file or directory (`preset` is then a path)."""
+    if preset in PRESETS:
+        return AutoConfig.for_model(max_position_embeddings=MAX_POSITIONS, bos_token_id=1,
+                                    eos_token_id=2, pad_token_id=3, **{**PRESETS[preset],
+                                                                       **(shape or {})})
+    path = Path(preset)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"unknown preset, and no config.json at {preset}; presets: "
+                         f"{', '.join(preset_names())}")
+    try:
+        fields = json.loads(path.read_text())
+        if not isinstance(fields, dict) or "model_type" not in fields:
+            raise ValueError("not a model config (no model_type)")
+        if fields["model_type"] not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {fields['model_type']!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        for key in ("auto_map", "quantization_config", "architectures"):
+            fields.pop(key, None)
+        fields |= {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, **(shape or {})}
+        config = AutoConfig.for_model(**fields)
+    except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: {exc}") from None
+    if config.vocab_size < len(_SPECIALS) + 256:
+        raise ValueError(f"{path}: vocab_size {config.vocab_size} is below the "
+                         f"{len(_SPECIALS) + 256} tokens of the byte tokenizer")
+    return config
 
 
 def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:

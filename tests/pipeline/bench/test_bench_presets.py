@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,9 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
 
 
 def test_presets_have_the_real_shapes() -> None:
-    assert presets.preset_names() == ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b", "qwen3-0.6b",
-                                      "qwen3-8b", "smollm2-135m"]
+    assert presets.preset_names() == ["llama-2-7b", "llama-3-8b", "llama-3.2-1b", "mistral-7b",
+                                      "qwen2-0.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b",
+                                      "smollm2-135m"]
     llama = presets.PRESETS["llama-3-8b"]
     assert (llama["hidden_size"], llama["num_hidden_layers"], llama["num_key_value_heads"],
             llama["vocab_size"]) == (4096, 32, 8, 128256)
@@ -38,13 +40,16 @@ def test_byte_tokenizer_round_trips_any_text(tmp_path: Path) -> None:
     assert tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 3
 
 
-@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2-0.5b", "qwen3-0.6b"])
+@pytest.mark.parametrize("preset, window", [("smollm2-135m", None), ("qwen2-0.5b", None),
+                                            ("qwen3-0.6b", None), ("mistral-7b", 6)])
 def test_random_checkpoint_runs_and_a_random_drafter_is_lossless(
-        preset: str, tmp_path: Path) -> None:
-    target = presets.make_random_checkpoint(preset, tmp_path / "m", torch.float32, shape=TINY)
+        preset: str, window: int | None, tmp_path: Path) -> None:
+    shape = TINY if window is None else {**TINY, "sliding_window": window}
+    target = presets.make_random_checkpoint(preset, tmp_path / "m", torch.float32, shape=shape)
     config = AutoConfig.from_pretrained(target)
     assert config.model_type == presets.PRESETS[preset]["model_type"]
     assert config.rope_parameters["rope_theta"] == presets.PRESETS[preset]["rope_theta"]
+    assert getattr(config, "sliding_window", None) == window
     drafter = presets.make_random_drafter(target, tmp_path / "d", torch.float32)
     request = GenerationRequest("r", (1, 80, 81, 82, 83), SamplingParams(max_tokens=10,
                                                                          ignore_eos=True))
@@ -80,11 +85,62 @@ def test_bench_on_a_random_preset_says_acceptance_is_meaningless(
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # scratch removed
 
 
+def test_bench_on_a_models_config_alone(tmp_path: Path, prompts_file: Path,
+                                        one_thread_module: None) -> None:
+    """random:<config.json>: the config's own shape and rope scaling, its token ids replaced
+    by the byte tokenizer's, its quantization dropped; a directory holding it works alike."""
+    fields = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **TINY,
+              "rope_theta": 20000.0, "max_position_embeddings": 512,
+              "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+              "use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1,
+              "bos_token_id": 151643, "eos_token_id": 151645,
+              "quantization_config": {"quant_method": "awq", "bits": 4}}
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(fields))
+    config = presets.preset_config(str(tmp_path / "cfg"))
+    assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("qwen2", 64, 2)
+    assert config.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0}
+    assert config.layer_types == ["full_attention", "sliding_attention"]
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (1, 2, 3)
+    assert getattr(config, "quantization_config", None) is None
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, [
+        "bench", "--model", f"random:{tmp_path / 'cfg' / 'config.json'}", "--prompts",
+        str(prompts_file), "--out", str(out), "--batch-sizes", "2", "--k", "0,2",
+        "--max-tokens", "9", "--repeats", "1", "--baseline", "none", "--num-prompts", "2"])
+    assert result.exit_code == 0, result.output
+    rows, meta = read_bench_parquet(out / "bench.parquet")
+    assert meta["random_weights"]
+    assert [(r["k"], r["output_tokens"]) for r in rows] == [(0, 18), (2, 18)]
+    report = (out / "report.md").read_text()
+    assert "acceptance figures are meaningless" in report
+    assert "**PASS**: all 2 engine runs produced exactly the same tokens" in report
+
+
+@pytest.mark.parametrize("text, error", [
+    ("{not json", "Expecting property name"),
+    ('{"hidden_size": 8}', "not a model config (no model_type)"),
+    ('{"model_type": "gpt2", "n_embd": 64}',
+     "model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3, mistral)"),
+    ('{"model_type": "llama", "vocab_size": 100}',
+     "vocab_size 100 is below the 260 tokens of the byte tokenizer")])
+def test_a_bad_config_is_a_user_error_naming_the_file(text: str, error: str, tmp_path: Path,
+                                                      prompts_file: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["bench", "--model", f"random:{path}", "--prompts",
+                                       str(prompts_file), "--out", str(tmp_path / "r"),
+                                       "--k", "0"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: --model random:{path}: {path}: {error}")
+
+
 def test_unknown_preset_is_a_user_error(tmp_path: Path, prompts_file: Path) -> None:
     result = CliRunner().invoke(main, ["bench", "--model", "random:gpt-9", "--prompts",
                                        str(prompts_file), "--out", str(tmp_path), "--k", "0"])
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: --model random:gpt-9: unknown preset; presets: ")
+    assert result.stderr.startswith("error: --model random:gpt-9: unknown preset, and no "
+                                    "config.json at gpt-9; presets: llama-2-7b, llama-3-8b, ")
 
 
 GIB = 1 << 30
