@@ -36,7 +36,10 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="EAGLE drafter checkpoint directory for the k > 0 variants; 'auto': the one "
                    "shipped for the model (random weights for random:<preset>); 'random': a "
                    "random one-layer drafter (measures drafting cost only); 'none'.")
-@click.option("--prompts", required=True, help="Parquet file of prompts.")
+@click.option("--prompts", required=True,
+              help="Parquet file of prompts (read before any model is loaded); other columns "
+                   "are ignored, and null, empty or too-long prompts are left out (the report "
+                   "counts them).")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="Column of --prompts holding the prompt text.")
 @click.option("--num-prompts", default=None, type=click.IntRange(1),
@@ -48,7 +51,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="Comma-separated batch sizes: the engine's --max-num-seqs and the static "
                    "batch size of the transformers baseline.")
 @click.option("--k", "ks", default="0,1,2,3,5", show_default=True, callback=_ints,
-              help="Comma-separated draft tokens per step; 0 is the engine without drafter.")
+              help="Comma-separated draft tokens per step; 0 is the engine without drafter, "
+                   "which always runs (every ratio is taken against it): --k 2,3 runs 0,2,3.")
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
               type=click.FloatRange(0, 1, max_open=True),
               help="As in `generate`: drafts are cut, and drafting stops, where the drafter's "
@@ -82,7 +86,9 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1),
               help="New tokens per request at most (exactly, for random models: EOS ignored).")
 @click.option("--baseline", default="transformers", show_default=True,
-              type=click.Choice(BASELINES), help="transformers `generate` on static batches.")
+              type=click.Choice(BASELINES),
+              help="transformers: also run transformers `generate` on static batches of each "
+                   "batch size (the report's engine/transformers ratios); none: engines only.")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1),
               help="Timed runs of every variant, in rounds (A B C, A B C, ...; at batch size 1 "
                    "request by request); the report shows medians and the spread.")
@@ -112,6 +118,10 @@ def bench(**options: Any) -> None:
     from pipeline.bench.commands import bench as run  # imported here: `--help` needs no torch
 
     o = options
+    if 0 not in o["ks"]:
+        click.echo(f"--k {','.join(map(str, o['ks']))}: adding k = 0 (the engine without "
+                   "drafter), which every ratio is taken against", err=True)
+        o["ks"] = (0, *sorted(o["ks"]))
     try:
         path = run(BenchConfig(
             prompts=o["prompts"], out=o["out"], model=o["model"], drafter=o["drafter"],

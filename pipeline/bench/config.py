@@ -55,11 +55,14 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise JobError(f"--batch-sizes must be integers >= 1, got {self.batch_sizes}")
+            raise JobError(f"--batch-sizes must be integers >= 1, got "
+                           f"{_listed(self.batch_sizes)!r}")
         if not self.ks or min(self.ks) < 0:
-            raise JobError(f"--k must be integers >= 0 (0 = no drafter), got {self.ks}")
-        if len(set(self.batch_sizes)) != len(self.batch_sizes) or len(set(self.ks)) != len(self.ks):
-            raise JobError("--batch-sizes and --k must not repeat a value")
+            raise JobError(f"--k must be integers >= 0 (0 = no drafter), got {_listed(self.ks)!r}")
+        for option, values in (("--batch-sizes", self.batch_sizes), ("--k", self.ks)):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise JobError(f"{option} repeats {_listed(repeated)} in {_listed(values)!r}")
         if self.baseline not in BASELINES:
             raise JobError(f"--baseline must be one of {', '.join(BASELINES)}")
         if self.repeats < 1 or self.max_tokens < 1:
@@ -73,7 +76,7 @@ class BenchConfig:
             raise JobError(f"--num-prompts must be >= 1, got {self.num_prompts}")
         if self.ceiling and (0 not in self.ks or not self.speculative_ks):
             raise JobError("--ceiling needs k = 0 (its outputs are the perfect drafts) and a "
-                           f"k > 0 in --k, got --k {','.join(map(str, self.ks))}")
+                           f"k > 0 in --k, got --k {_listed(self.ks)}")
 
     @property
     def random_preset(self) -> str | None:
@@ -96,6 +99,10 @@ class ReportConfig:
     @property
     def out_dir(self) -> str:
         return self.out if self.out is not None else self.directory
+
+
+def _listed(values: tuple[int, ...] | list[int]) -> str:
+    return ",".join(map(str, values))
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:

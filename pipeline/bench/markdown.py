@@ -15,9 +15,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _numeric(cell: str) -> bool:
-    """'1,234.5', '12%', '±3.1%', '1.46x', '1.46x (1.31-1.52)' (a ratio and its range), '–'."""
+    """'1,234.5', '12%', '±3.1%', '1.46x', '1.46x (1.31-1.52)' (a ratio and its range), '–',
+    and a blank cell (a short row of a table)."""
     stripped = cell.split(" (")[0].rstrip("x%").replace(",", "").replace("±", "").replace(" ", "")
-    return cell == "–" or stripped.replace(".", "", 1).lstrip("-").isdigit()
+    return cell in ("–", "") or stripped.replace(".", "", 1).lstrip("-").isdigit()
 
 
 def num(value: float | None, digits: int = 1) -> str:
@@ -38,3 +39,8 @@ def ms(seconds: float | None) -> str:
 
 def mib(nbytes: float | None) -> str:
     return "–" if nbytes is None else f"{nbytes / (1 << 20):,.0f}"
+
+
+def plural(count: int, noun: str) -> str:
+    """'1 prompt', '16 prompts'."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")

@@ -42,11 +42,13 @@ def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
     rows, meta = read_bench_parquet(Path(bench_dir) / BENCH_FILE)
     out = report_dir(Path(out_dir or bench_dir))
     summaries = summarize(rows)
+    meaningless = _acceptance_meaningless(meta)
     drawn = {
         "throughput": plot_throughput(summaries, out / PLOTS["throughput"]),
         "speedup": plot_speedup(summaries, out / PLOTS["speedup"]),
-        "acceptance": plot_acceptance({f"k={k}": c for k, c in acceptance_by_k(rows).items()},
-                                      out / PLOTS["acceptance"]),
+        "acceptance": plot_acceptance(
+            {f"k={k}": c for k, c in acceptance_by_k(rows).items()}, out / PLOTS["acceptance"],
+            "Acceptance by draft position" + (f" ({meaningless})" if meaningless else "")),
     }
     drop_undrawn(out, PLOTS, drawn)
     sections = [_header(meta, batch_sizes(summaries)), equality_section(rows, meta),
@@ -75,28 +77,29 @@ def _header(meta: dict[str, Any], ran: list[int]) -> str:
     lengths = meta.get("prompt_tokens", {})
     eos = "EOS ignored (every request runs max tokens)" if meta.get("ignore_eos") else \
         "EOS ends a request"
+    prompts = meta.get("prompts")
     lines = [
         "# eaglebatch bench",
         "",
         f"- model: `{meta.get('model')}`; drafter: {meta.get('drafter')}",
-        f"- device: {meta.get('device')}, {meta.get('dtype')}, {meta.get('threads')} torch "
-        f"threads, torch {meta.get('torch')}; started {meta.get('started')}",
-        f"- {meta.get('prompts')} prompts ({lengths.get('min')}..{lengths.get('max')} tokens, "
-        f"median {lengths.get('median')}; {meta.get('skipped_prompts', 0)} left out), at most "
-        f"{config.get('max_tokens')} new tokens, greedy, {eos}",
-        f"- batch sizes {config.get('batch_sizes')}, k {config.get('ks')} (k = 0: no drafter), "
-        f"{config.get('repeats')} repeat(s); variants run interleaved in rounds per batch size"
-        f"{_turns(meta)}",
+        f"- device: {meta.get('device')}, {meta.get('dtype')}, "
+        f"{_count(meta.get('threads'), 'torch thread')}, torch {meta.get('torch')}; started "
+        f"{meta.get('started')}",
+        f"- {_count(prompts, 'prompt')} ({lengths.get('min')}..{lengths.get('max')} tokens, "
+        f"median {_g(lengths.get('median'))}; {_left_out(meta.get('skipped_prompts', 0))}), at "
+        f"most {config.get('max_tokens')} new tokens, greedy, {eos}",
+        f"- batch sizes {config.get('batch_sizes')}, k {sorted(config.get('ks', []))} (k = 0: "
+        f"no drafter), {config.get('repeats')} repeat(s); variants run interleaved in rounds per "
+        f"batch size{_turns(meta)}",
         f"- attention backend: {meta.get('attention_backend', 'not recorded')}"
-        + (f"; drafts cut below drafter confidence {config.get('draft_confidence', 0.0)} (0: "
-           f"always k drafts); drafter weights {_drafter_weights(config, meta)}; n-gram lookup "
-           f"drafts {_lookups(config)}" if any(k > 0 for k in config.get("ks", ())) else ""),
+        + (f"; {_confidence(config, meta)}; drafter weights {_drafter_weights(config, meta)}; "
+           f"n-gram lookup drafts {_lookups(config)}"
+           if any(k > 0 for k in config.get("ks", ())) else ""),
     ]
     asked = config.get("batch_sizes", [])
     if missing := [b for b in asked if b not in ran]:
         lines += ["", f"> **Incomplete.** The bench stopped before batch size(s) {missing} ran: "
                   f"bench.parquet holds only {ran}."]
-    prompts = meta.get("prompts")
     if isinstance(prompts, int) and (over := [b for b in ran if b > prompts]):
         lines.append(f"- batch size(s) {over} exceed the {prompts} prompts: at most {prompts} "
                      f"requests were in flight there, so those figures are batch {prompts}'s")
@@ -121,7 +124,44 @@ def _header(meta: dict[str, Any], ran: list[int]) -> str:
         lines += ["", "> **Random weights.** The model (and any drafter) has random weights in "
                   "the shape of the real architecture: throughput is the architecture's, but "
                   "outputs are noise and the acceptance figures are meaningless."]
+    elif meta.get("random_drafter"):
+        lines += ["", "> **Random drafter** (`--drafter random`): the drafter has random "
+                  "weights, so its drafts are accepted only by chance and the acceptance figures "
+                  "say nothing about a trained one; the k > 0 runs measure what drafting costs."]
     return "\n".join(lines)
+
+
+def _count(value: Any, noun: str) -> str:
+    return md.plural(value, noun) if isinstance(value, int) else f"{value} {noun}s"
+
+
+def _g(value: Any) -> str:
+    """A median of token counts: '48' or '47.5'."""
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def _left_out(skipped: int) -> str:
+    if not skipped:
+        return "none left out"
+    return f"{skipped} left out: null, empty or too long for the model's context"
+
+
+def _confidence(config: dict[str, Any], meta: dict[str, Any]) -> str:
+    cut = config.get("draft_confidence", 0.0)
+    if meta.get("random_drafter"):
+        return ("drafts never cut by the drafter's confidence (a random drafter's confidence "
+                "means nothing: k drafts every step)")
+    if not cut:
+        return "drafts never cut by the drafter's confidence (k drafts every step)"
+    return f"drafts cut below drafter confidence {cut}"
+
+
+def _acceptance_meaningless(meta: dict[str, Any]) -> str:
+    if meta.get("random_weights"):
+        return "random weights: meaningless"
+    if meta.get("random_drafter"):
+        return "random drafter: meaningless"
+    return ""
 
 
 def _q4_line(counts: list[int] | None) -> str:
@@ -174,7 +214,10 @@ def equality_section(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     bad = [r for r in engine_rows if r["outputs_equal"] != r["outputs_compared"]]
     first = engine_rows[0]
     reference = f"engine k={first['k']} at batch {first['batch_size']} (first run)"
-    if not bad:
+    if len(engine_rows) == 1:
+        verdict = ("**Not checked**: there was one engine run, with nothing to compare it to "
+                   "(more k values, batch sizes or repeats give the check its runs).")
+    elif not bad:
         verdict = (f"**PASS**: all {len(engine_rows)} engine runs produced exactly the same "
                    f"tokens as {reference} for all {first['outputs_compared']} requests.")
     else:
@@ -262,12 +305,14 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
                          [[str(b), *[ratio_cell(summaries, (b, CEILING, k), (b, ENGINE, 0))
                                      for k in ceilings]] for b in sizes]))
     best = [(b, s) for b in sizes if (s := best_k(summaries, b)) is not None]
-    if best:
+    with_hf = any((b, TRANSFORMERS, 0) in summaries for b in sizes)
+    if best and ks:
         parts.append("Best k per batch size:\n\n" + md.table(
-            ["batch", "best k", "tokens/s", "vs k=0", "vs transformers"],
+            ["batch", "best k", "tokens/s", "vs k=0", *(["vs transformers"] if with_hf else [])],
             [[str(b), str(s.k), md.num(s.tokens_per_s),
               md.ratio(speedup_vs_k0(summaries, b, s.k)),
-              md.ratio(ratio(summaries, (b, ENGINE, s.k), (b, TRANSFORMERS, 0)))]
+              *([md.ratio(ratio(summaries, (b, ENGINE, s.k), (b, TRANSFORMERS, 0)))]
+                if with_hf else [])]
              for b, s in best]))
     return "\n\n".join(parts) if len(parts) > 1 else ""
 
@@ -302,7 +347,8 @@ def _acceptance(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
           *[md.pct(v) for v in d["per_position_acceptance"]],
           *["" for _ in range(longest - len(d["per_position_acceptance"]))]]
          for k, c in by_k.items() for d in [c.derived()]])
-    note = " (random weights: meaningless)" if meta.get("random_weights") else ""
+    meaningless = _acceptance_meaningless(meta)
+    note = f" ({meaningless})" if meaningless else ""
     beyond = [k for k, c in by_k.items() if len(c.accepted_per_position) > k]
     lookups = (f"\n\nPositions past k (k = {', '.join(map(str, beyond))}): n-gram lookup drafts, "
                "of which a greedy request alone in its step may take more than k "

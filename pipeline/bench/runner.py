@@ -50,6 +50,8 @@ from pipeline.bench.plots import report_dir
 from pipeline.bench.report import remove_report, write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
 from pipeline.config import JobError, one_line
+from pipeline.manifest import MANIFEST_FILE
+from pipeline.stats import STATS_FILE
 from runtime.config import EngineConfig, PlacementError
 from runtime.cpu_gemm import q4_weight_count
 from runtime.engine import Engine
@@ -66,6 +68,10 @@ def run_bench(config: BenchConfig) -> Path:
     """Run the benchmark of `config`; returns the path of report.md. A bench that fails leaves
     no --out directory behind where there was none."""
     out = Path(config.out)
+    job_files = [name for name in (MANIFEST_FILE, STATS_FILE) if (out / name).exists()]
+    if job_files:
+        raise JobError(f"--out {out} holds a job's {job_files[0]}: a bench report there would "
+                       "replace the job's report; pick another directory")
     created = not out.exists()
     report_dir(out)
     try:
@@ -93,6 +99,8 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
         raise JobError(str(exc)) from None
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process
+    # read before any model is built or loaded (a random 8B checkpoint takes minutes)
+    prompts = read_prompts(config.prompts, config.prompt_column, config.num_prompts)
     _remove_stale_scratch(out)
     with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=out) as scratch:
         models = resolve_models(config, Path(scratch), p.dtype, p.device)
@@ -101,8 +109,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
             config = replace(config, draft_confidence=0.0)
         tokenizer = load_tokenizer(models.model_dir)
         max_model_len = load_model_config(models.model_dir).max_position_embeddings
-        workload = build_workload(read_prompts(config.prompts, config.prompt_column,
-                                               config.num_prompts), config.prompt_column,
+        workload = build_workload(prompts, config.prompt_column,
                                   tokenizer, max_model_len, config.max_tokens,
                                   config.chat_template, config.ignore_eos or models.random)
         bandwidth = measure_copy_bandwidth(p.device) if p.device.type == "cuda" else None
@@ -236,7 +243,8 @@ def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: P
               else cpu_description())
     return {
         "config": asdict(config), "model": config.model, "drafter": models.drafter_label,
-        "random_weights": models.random, "device": device, "dtype": str(p.dtype).split(".")[-1],
+        "random_weights": models.random, "random_drafter": models.random_drafter,
+        "device": device, "dtype": str(p.dtype).split(".")[-1],
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(lengths),
         "skipped_prompts": workload.skipped, "ignore_eos": workload.ignore_eos,

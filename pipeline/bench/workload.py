@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -46,6 +47,10 @@ class Workload(NamedTuple):
 
 def read_prompts(path: str, column: str, limit: int | None) -> pa.Table:
     """The first `limit` rows (all when None) of `column`, read batch by batch."""
+    if not os.path.exists(path):
+        raise JobError(f"--prompts {path}: no such file")
+    if os.path.isdir(path):
+        raise JobError(f"--prompts {path} is a directory; give one Parquet file")
     try:
         source = pq.ParquetFile(path)
     except (OSError, pa.ArrowInvalid) as exc:

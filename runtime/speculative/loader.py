@@ -79,6 +79,14 @@ def _llama_config(raw: dict, where: Path) -> LlamaConfig:
     fields = {k: v for k, v in raw.items() if k != "architectures"}
     layers = fields.get("num_hidden_layers", 1)
     types = fields.get("layer_types")
+    bottom = fields.get("max_window_layers")
+    if types is None and isinstance(bottom, int) and isinstance(layers, int):
+        # a Qwen2-style config without layer_types: windows from layer max_window_layers up,
+        # as transformers' Qwen2Config gives them (the Llama config read here would not)
+        windowed = fields.get("use_sliding_window", True) is not False \
+            and fields.get("sliding_window") is not None
+        fields["layer_types"] = ["sliding_attention" if windowed and i >= bottom
+                                 else "full_attention" for i in range(layers)]
     if isinstance(types, list) and isinstance(layers, int) and len(types) != layers:
         if len(types) > layers:
             fields["layer_types"] = types[:layers]
@@ -256,8 +264,15 @@ def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: s
             raise DrafterMismatchError(f"drafter {path}: EAGLE-3 checkpoint without lm_head.weight")
         if d2t is None and draft_vocab != target.vocab_size:
             raise mismatch("draft vocabulary (no d2t)", draft_vocab, target.vocab_size)
-        if d2t is not None and int((torch.arange(len(d2t)) + d2t).max()) >= target.vocab_size:
-            raise mismatch("largest d2t-mapped token id", "out of range", target.vocab_size)
+        if d2t is not None:
+            mapped = torch.arange(len(d2t)) + d2t
+            bad = ((mapped < 0) | (mapped >= target.vocab_size)).nonzero().flatten()
+            if len(bad):
+                i = int(bad[0])
+                raise DrafterMismatchError(
+                    f"drafter {path}: d2t maps draft token {i} to target token {int(mapped[i])}, "
+                    f"outside the target's vocabulary of {target.vocab_size} ({len(bad)} draft "
+                    "token(s) map outside it)")
         config.draft_vocab_size = draft_vocab
         state.setdefault("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
 

@@ -67,10 +67,22 @@ def test_report_gives_the_ceiling_and_plots_it(ceiling_dir: Path, tmp_path: Path
     assert speedup["batch 3, perfect drafts"][0] == (0.0, 1.0)
 
 
-def test_ceiling_needs_k0_and_a_drafting_k(tiny_model_dir: Path, prompts_file: Path,
-                                           tmp_path: Path) -> None:
+def test_ceiling_needs_a_drafting_k(tiny_model_dir: Path, prompts_file: Path,
+                                    tmp_path: Path) -> None:
     result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
-                           "--out", str(tmp_path), "--k", "1,2", "--ceiling")
+                           "--out", str(tmp_path), "--k", "0", "--ceiling")
     assert result.exit_code == 2
     assert result.stderr == ("error: --ceiling needs k = 0 (its outputs are the perfect drafts) "
-                             "and a k > 0 in --k, got --k 1,2\n")
+                             "and a k > 0 in --k, got --k 0\n")
+
+
+def test_k0_always_runs(tiny_model_dir: Path, prompts_file: Path, tmp_path: Path) -> None:
+    """--k without 0 gets it: every ratio of the report is taken against k = 0 (the missing
+    drafter is refused only after, naming the k values it was asked for)."""
+    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                           "--out", str(tmp_path), "--k", "2,1")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "--k 2,1: adding k = 0 (the engine without drafter), which every ratio is taken against",
+        f"error: --k 1,2 needs a drafter, and none ships for {tiny_model_dir}; pass --drafter "
+        "PATH, --drafter random, or --k 0"]

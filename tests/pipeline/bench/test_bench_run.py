@@ -152,6 +152,27 @@ def test_bad_prompt_files_are_user_errors_naming_file_and_column(
     result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(other),
                            "--out", str(tmp_path / "r"), "--k", "0")
     assert result.stderr == f"error: --prompts {other} has no column 'prompt' (columns: text)\n"
+    # checked before the model: a preset that would take minutes to build is never built
+    missing = tmp_path / "missing.parquet"
+    result = run_bench_cli("--model", "random:llama-3-8b", "--prompts", str(missing),
+                           "--out", str(tmp_path / "r"), "--k", "0")
+    assert result.stderr == f"error: --prompts {missing}: no such file\n"
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_jobs_output_dir_is_refused_as_out(tiny_model_dir: Path, prompts_file: Path,
+                                             tmp_path: Path) -> None:
+    """A bench report would replace the job's report.md and plots."""
+    for name in ("manifest.json", "stats.parquet"):
+        job = tmp_path / name.split(".")[0]
+        job.mkdir()
+        (job / name).write_text("{}")
+        result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                               "--out", str(job), "--k", "0")
+        assert result.exit_code == 2
+        assert result.stderr == (f"error: --out {job} holds a job's {name}: a bench report "
+                                 "there would replace the job's report; pick another directory\n")
+        assert sorted(p.name for p in job.iterdir()) == [name]
 
 
 def test_unusable_drafters_and_out_paths_are_user_errors(

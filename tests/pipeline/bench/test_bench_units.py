@@ -152,16 +152,23 @@ def test_markdown_table_aligns_numbers_right() -> None:
         "| ---: | ---: |"
     assert (md.ratio(1.234), md.pct(0.5), md.ms(0.0123), md.num(None)) == (
         "1.23x", "50.0%", "12", "–")
+    # a short row's blank cells keep its column right-aligned
+    assert md.table(["k", "pos 3"], [["2", ""], ["3", "15.7%"]]).splitlines()[1] == \
+        "| ---: | ---: |"
+    assert (md.plural(1, "prompt"), md.plural(1600, "prompt")) == ("1 prompt", "1,600 prompts")
 
 
 def test_options_are_checked() -> None:
     assert parse_int_list("1, 4,16") == (1, 4, 16)
     with pytest.raises(ValueError, match="comma-separated integers"):
         parse_int_list("1,x")
-    with pytest.raises(JobError, match="--k must be integers >= 0"):
+    with pytest.raises(JobError, match="^--k must be integers >= 0 \\(0 = no drafter\\), "
+                                       "got '0,-1'$"):
         BenchConfig("p.parquet", "out", ks=(0, -1))
-    with pytest.raises(JobError, match="must not repeat"):
-        BenchConfig("p.parquet", "out", batch_sizes=(4, 4))
+    with pytest.raises(JobError, match="^--batch-sizes repeats 4 in '1,4,4'$"):
+        BenchConfig("p.parquet", "out", batch_sizes=(1, 4, 4))
+    with pytest.raises(JobError, match="^--k repeats 0,2 in '0,2,2,0'$"):
+        BenchConfig("p.parquet", "out", ks=(0, 2, 2, 0))
     assert BenchConfig("p", "o", model="random:llama-3-8b").random_preset == "llama-3-8b"
     assert BenchConfig("p", "o", ks=(0, 1, 3)).speculative_ks == (1, 3)
 
@@ -198,6 +205,33 @@ def test_an_equality_failure_is_called_a_bug_only_where_outputs_must_be_bit_equa
     rows[1] |= {"outputs_equal": 32, "first_divergence": None}
     passed = equality_section(rows, gpu16)
     assert "**PASS**" in passed and "Expected" not in passed
+    alone = equality_section(rows[:1], cpu32)  # one run: compared with itself, not checked
+    assert "**Not checked**: there was one engine run, with nothing to compare it to" in alone
+    assert "PASS" not in alone
+
+
+def test_a_random_drafter_is_named_and_its_acceptance_called_meaningless() -> None:
+    from pipeline.bench.report import _acceptance, _header  # noqa: PLC0415
+
+    meta = {"prompts": 1, "threads": 1, "prompt_tokens": {"min": 5, "median": 5.0, "max": 5},
+            "skipped_prompts": 2, "random_drafter": True,
+            "config": {"batch_sizes": [1], "ks": [0, 2], "repeats": 1,
+                       "draft_confidence": 0.0}}
+    header = _header(meta, [1])
+    assert "- 1 prompt (5..5 tokens, median 5; 2 left out: null, empty or too long for the " \
+           "model's context)" in header
+    assert "1 torch thread," in header
+    assert ("drafts never cut by the drafter's confidence (a random drafter's confidence means "
+            "nothing: k drafts every step)") in header
+    assert "> **Random drafter** (`--drafter random`)" in header
+    rows = [_row(0, "engine", 2, 1.0)]
+    assert "## Acceptance (all batch sizes and repeats) (random drafter: meaningless)" in \
+        _acceptance(rows, meta)
+    trained = {**meta, "random_drafter": False, "config": {**meta["config"],
+                                                           "draft_confidence": 0.15}}
+    assert "drafts cut below drafter confidence 0.15" in _header(trained, [1])
+    assert "Random drafter" not in _header(trained, [1])
+    assert "meaningless" not in _acceptance(rows, trained)
 
 
 def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> None:

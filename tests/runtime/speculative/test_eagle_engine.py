@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,6 +73,53 @@ def test_drafter_with_sliding_window_layers_fails_group_check_naming_layers(
     for name in ("layers.2", "layers.3", "layers.4"):
         assert name in message
     assert "sliding_window=8" in message
+
+
+def test_a_qwen2_style_drafter_config_gets_windows_from_max_window_layers(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Without layer_types, a config's max_window_layers says which layers have windows (from
+    that layer up), as transformers' Qwen2Config reads it: mixed layers fail the group check,
+    and a one-layer drafter below max_window_layers (copied from a 28-layer target) has none."""
+    qwen2_style = {"use_sliding_window": True, "sliding_window": 8}
+    mixed = make_random_drafter(tiny_model_dir, tmp_path / "mixed", num_layers=2,
+                                max_window_layers=1, **qwen2_style)
+    assert "layer_types" not in json.loads((mixed / "config.json").read_text())
+    with pytest.raises(KVCacheGroupError) as err:
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(mixed)))
+    assert "sliding_window=8" in str(err.value)
+    below = make_random_drafter(tiny_model_dir, tmp_path / "below", num_layers=1,
+                                max_window_layers=28, **qwen2_style)
+    above = make_random_drafter(tiny_model_dir, tmp_path / "above", num_layers=1,
+                                max_window_layers=0, **qwen2_style)
+    for drafter, window in ((below, None), (above, 8)):
+        engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                     kv_cache_memory=1 << 20, drafter=str(drafter),
+                                     max_model_len=64))
+        assert engine.proposer is not None
+        layers = engine.proposer.drafter.layers
+        assert [layer.self_attn.backend.sliding_window for layer in layers] == [window]
+
+
+@pytest.mark.parametrize("shift, first", [(-1000, 5), (10_000, 7)])
+def test_a_d2t_that_maps_outside_the_target_vocabulary_is_refused_at_load(
+        tiny_model_dir: Path, tmp_path: Path, shift: int, first: int) -> None:
+    """Caught when the drafter loads, not hours into a job when it first drafts that token."""
+    from safetensors.torch import load_file, save_file
+
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d2t", num_layers=1,
+                                  style="eagle3", draft_vocab_size=40)
+    tensors = load_file(str(drafter / "model.safetensors"))
+    tensors["d2t"][first] += shift
+    tensors["d2t"][first + 3] += shift
+    save_file(tensors, str(drafter / "model.safetensors"))
+    mapped = first + int(tensors["d2t"][first])
+    with pytest.raises(DrafterMismatchError) as err:
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(drafter)))
+    assert str(err.value) == (f"drafter {drafter}: d2t maps draft token {first} to target token "
+                              f"{mapped}, outside the target's vocabulary of 256 (2 draft "
+                              "token(s) map outside it)")
 
 
 def test_every_draft_layer_gets_the_same_metadata_object_each_step(
