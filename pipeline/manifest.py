@@ -6,7 +6,11 @@ between the two renames) is simply regenerated and replaced on resume.
 
     {"version": 1, "config": {...JobConfig.fingerprint()}, "inputs": [{path, size, mtime_ns}, ...],
      "num_shards": 50, "shards": {"7": {"rows": 10000, "errors": 2, ...Counts}, ...},
-     "totals": {...Counts}, "complete": false}
+     "totals": {...Counts}, "complete": false,
+     "runs": [{"started": 1765000000.0, "runner": "local"}, {..., "runner": "ray", "workers": 4}]}
+
+`runs` is a record, not part of what a resume checks: one entry per run of the job (the first
+and every resume), with its start (Unix time) and runner, so a report can tell the runs apart.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Manifest:
     inputs: list[dict[str, Any]]
     num_shards: int
     shards: dict[int, Counts] = field(default_factory=dict)
+    runs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -46,7 +51,8 @@ class Manifest:
         return {"version": _VERSION, "config": self.config, "inputs": self.inputs,
                 "num_shards": self.num_shards,
                 "shards": {str(k): v.to_json() for k, v in sorted(self.shards.items())},
-                "totals": total(self.shards.values()).to_json(), "complete": self.complete}
+                "totals": total(self.shards.values()).to_json(), "complete": self.complete,
+                "runs": self.runs}
 
     def save(self, output_dir: str) -> None:
         data = json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
@@ -68,8 +74,11 @@ def load_manifest(output_dir: str) -> Manifest | None:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
+        runs = data.get("runs", [])
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise TypeError("runs is not a list of objects")
         return Manifest(data["config"], data["inputs"], data["num_shards"],
-                        {int(k): Counts.from_json(v) for k, v in data["shards"].items()})
+                        {int(k): Counts.from_json(v) for k, v in data["shards"].items()}, runs)
     except (ValueError, KeyError, TypeError) as exc:
         raise DamagedManifest(path, str(exc)) from None
 

@@ -2,11 +2,17 @@
 manifest.json, for a finished or a half-finished job.
 
 A shard's commit time is its part file's modification time (the rename that committed it), so
-"over time" needs the part files; without them the plot falls back to shard order.
+"over time" needs the part files; without them the plot falls back to shard order. A shard was
+generating from its commit time less its seconds to its commit time; the job's output tokens/s is
+its generated tokens over the time in which any shard was generating (parallel workers' shards
+overlap: summing their seconds would give one worker's rate). The manifest's `runs` (one per
+start of the job) split the plot where the job was stopped and resumed.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import os
 import sys
 import time
@@ -64,8 +70,9 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     out = report_dir(Path(out_dir))
     committed = {sid: _committed_at(directory, sid) for sid in shards}
     totals = total(shards.values())
+    runs = manifest.runs if manifest is not None else []
     drawn = {
-        "throughput": _throughput_plot(shards, committed, out / PLOTS["throughput"]),
+        "throughput": _throughput_plot(shards, committed, runs, out / PLOTS["throughput"]),
         "acceptance": plot_acceptance({"all shards": totals}, out / PLOTS["acceptance"]),
         "errors": plot_bars([str(s) for s in shards], [shards[s].errors for s in shards],
                             out / PLOTS["errors"], "Rows with finish_reason 'error' per shard",
@@ -73,8 +80,12 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     }
     drop_undrawn(out, PLOTS, drawn)
     done = os.path.exists(os.path.join(directory, SUCCESS_FILE))
-    sections = [_header(directory, manifest, len(shards), done), _totals(totals),
-                _shard_table(shards, committed), _plot_links(drawn)]
+    k = manifest.config.get("num_speculative_tokens") if manifest is not None else None
+    busy = (busy_seconds([(t - shards[s].wall_seconds, t) for s, t in committed.items()
+                          if t is not None]) if _all_known(committed) else None)
+    sections = [_header(directory, manifest, shards, done), _totals(totals, busy, k),
+                _error_reasons(directory, shards), _shard_table(shards, committed),
+                _plot_links(drawn)]
     path = out / REPORT_FILE
     path.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
     return path
@@ -100,9 +111,24 @@ def _shards(manifest: Manifest | None, stats_path: Path) -> dict[int, Counts]:
     if missing:
         raise JobError(f"{stats_path} lacks the column(s) {', '.join(missing)}: not an "
                        f"eaglebatch job's {STATS_FILE}")
-    shards = {row["shard_id"]: Counts(**{c: row[c] for c in _COUNT_COLUMNS})
-              for row in table.select(columns).to_pylist()}
+    derived = [c for c in ("mean_acceptance_length", "per_position_acceptance")
+               if c in table.column_names]
+    shards = {row["shard_id"]: _counts_from_stats(row)
+              for row in table.select(columns + derived).to_pylist()}
     return dict(sorted(shards.items()))
+
+
+def _counts_from_stats(row: dict[str, Any]) -> Counts:
+    """A shard's Counts from its stats.parquet row: the draft steps and accepted drafts per
+    position come back from the mean acceptance length and per-position rates (1 + accepted /
+    steps, and accepted at j / steps)."""
+    counts = Counts(**{c: row[c] for c in _COUNT_COLUMNS})
+    length = row.get("mean_acceptance_length")
+    if counts.accepted and length is not None and length > 1:
+        counts.draft_steps = round(counts.accepted / (length - 1))
+        counts.accepted_per_position = [round(rate * counts.draft_steps)
+                                        for rate in row.get("per_position_acceptance") or []]
+    return counts
 
 
 def _committed_at(directory: str, shard_id: int) -> float | None:
@@ -113,40 +139,63 @@ def _committed_at(directory: str, shard_id: int) -> float | None:
 
 
 def _throughput_plot(shards: dict[int, Counts], committed: dict[int, float | None],
-                     path: Path) -> Any:
+                     runs: list[dict[str, Any]], path: Path) -> Any:
     rates = {s: c.derived()["output_tokens_per_s"] for s, c in shards.items()}
-    times = [t for t in committed.values() if t is not None]
-    if not (times and len(times) == len(shards)):
+    if not _all_known(committed):
         return plot_over_time([[(float(s), rates[s] or 0.0) for s in shards]], path,
                               "Output tokens/s per shard", "shard", "output tokens/s")
     spans = [(t - shards[s].wall_seconds, t, rates[s] or 0.0)
              for s, t in committed.items() if t is not None]
-    return plot_over_time(time_segments(spans), path, "Output tokens/s per shard",
-                          "minutes since the first shard started (at each shard's commit; a "
-                          "break where the job stopped)", "output tokens/s")
+    starts = sorted(float(r["started"]) for r in runs if isinstance(r.get("started"),
+                                                                     (int, float)))
+    origin = min(span[0] for span in spans)
+    unit, scale = time_unit(max(span[1] for span in spans) - origin)
+    broken = "; a break where the job was stopped and resumed" if len(starts) > 1 else ""
+    return plot_over_time(time_segments(spans, starts, scale), path, "Output tokens/s per shard",
+                          f"{unit} since the first shard started (at each shard's commit"
+                          f"{broken})", "output tokens/s")
 
 
-def time_segments(spans: list[tuple[float, float, float]]) -> list[list[tuple[float, float]]]:
-    """(start, commit, rate) per shard -> runs of (minutes since the first start, rate) at each
-    commit, a new run wherever a shard started over _GAP_SECONDS after the commit before it
-    (the job stopped and was resumed). Example: shards 0-60 s, 60-120 s, then 900-960 s ->
+def time_unit(seconds: float) -> tuple[str, float]:
+    """The unit a time axis of this length reads best in, and its seconds."""
+    if seconds < 180:
+        return "seconds", 1.0
+    if seconds < 3 * 3600:
+        return "minutes", 60.0
+    return "hours", 3600.0
+
+
+def time_segments(spans: list[tuple[float, float, float]], run_starts: list[float],
+                  scale: float = 60.0) -> list[list[tuple[float, float]]]:
+    """(start, commit, rate) per shard -> runs of (time since the first start in `scale`
+    seconds, rate) at each commit, a new run at each of `run_starts` (when the job was started
+    again). Example, minutes, a resume at 850 s: shards 0-60 s, 60-120 s, then 900-960 s ->
     [[(1, r0), (2, r1)], [(16, r2)]]."""
     origin = min(span[0] for span in spans)
-    segments: list[list[tuple[float, float]]] = []
-    last_commit = None
-    for begun, ended, rate in sorted(spans, key=lambda span: span[1]):
-        if last_commit is None or begun - last_commit > _GAP_SECONDS:
-            segments.append([])
-        segments[-1].append(((ended - origin) / 60, rate))
-        last_commit = ended
-    return segments
+    segments: dict[int, list[tuple[float, float]]] = {}
+    for _, ended, rate in sorted(spans, key=lambda span: span[1]):
+        run = bisect.bisect_right(run_starts, ended)
+        segments.setdefault(run, []).append(((ended - origin) / scale, rate))
+    return list(segments.values())
 
 
-# a shard that started this long after the commit before it: the job was stopped and resumed
-_GAP_SECONDS = 30.0
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: the time in which any shard was
+    generating. Example: (0, 10), (5, 12), (20, 25) -> 17."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
 
 
-def _header(directory: str, manifest: Manifest | None, committed: int, done: bool) -> str:
+def _all_known(committed: dict[int, float | None]) -> bool:
+    return bool(committed) and all(t is not None for t in committed.values())
+
+
+def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
+            done: bool) -> str:
     lines = ["# eaglebatch job report", "", f"- directory: `{directory}`"]
     if manifest is None:
         return "\n".join(lines + ["- no manifest.json: figures come from stats.parquet only"])
@@ -154,7 +203,7 @@ def _header(directory: str, manifest: Manifest | None, committed: int, done: boo
     sampling = config.get("sampling", {})
     state = "complete (_SUCCESS written)" if done else "not complete"
     lines += [
-        f"- {committed} of {manifest.num_shards} shards committed; {state}",
+        f"- {len(shards)} of {manifest.num_shards} shards committed; {state}",
         f"- model `{config.get('model')}`; drafter {_drafter_label(config)}"
         + (f", k = {config.get('num_speculative_tokens')}, drafts cut below confidence "
            f"{config.get('draft_confidence', 0.0)}"
@@ -165,7 +214,33 @@ def _header(directory: str, manifest: Manifest | None, committed: int, done: boo
         f"n {config.get('n')}, {config.get('shard_rows')} rows per shard, "
         f"{len(manifest.inputs)} input file(s)",
     ]
+    if manifest.runs:
+        lines.append(f"- {md.plural(len(manifest.runs), 'run')} (the first start and every "
+                     f"resume): " + "; ".join(_run(r) for r in manifest.runs[:_MAX_RUNS])
+                     + ("; ..." if len(manifest.runs) > _MAX_RUNS else ""))
+    pending = [s for s in range(manifest.num_shards) if s not in shards]
+    if pending and not done:
+        shown = ", ".join(map(str, pending[:_MAX_PENDING]))
+        more = f" and {len(pending) - _MAX_PENDING} more" if len(pending) > _MAX_PENDING else ""
+        lines.append(f"- shards not committed yet: {shown}{more} (rerun the job's command to "
+                     "finish them)")
     return "\n".join(lines)
+
+
+_MAX_RUNS = 10
+_NOT_DRAWN = {"throughput": "no shard committed yet", "acceptance": "nothing was drafted",
+              "errors": "no shard committed yet"}
+_MAX_PENDING = 20
+
+
+def _run(run: dict[str, Any]) -> str:
+    started = run.get("started")
+    when = _clock(float(started)) if isinstance(started, (int, float)) else "start unknown"
+    runner = str(run.get("runner", "runner unknown"))
+    if runner == "ray":
+        workers = run.get("workers")
+        runner += f", {workers} workers" if workers else ", workers as the cluster allows"
+    return f"{when} ({runner})"
 
 
 def _drafter_label(config: dict[str, Any]) -> str:
@@ -179,32 +254,88 @@ def _drafter_label(config: dict[str, Any]) -> str:
     return f"`{drafter}`"
 
 
-def _totals(c: Counts) -> str:
+def _totals(c: Counts, busy: float | None, k: int | None) -> str:
+    """busy: the seconds in which any shard was generating (None: commit times unknown)."""
     d = c.derived()
     rows = [["rows", f"{c.rows:,}"], ["error rows", f"{c.errors:,}"],
             ["prompt tokens", f"{c.prompt_tokens:,}"],
             ["generated tokens", f"{c.completion_tokens:,}"],
-            ["generation seconds (sum over shards)", md.num(c.wall_seconds)],
-            ["output tokens/s", md.num(d["output_tokens_per_s"])]]
+            ["generation seconds (sum over shards)", _seconds(c.wall_seconds)]]
+    rate = d["output_tokens_per_s"]
+    note = ""
+    if busy:
+        rows.append(["seconds in which any shard was generating", _seconds(busy)])
+        rate = c.completion_tokens / busy
+        note = ("\n\noutput tokens/s: generated tokens over the seconds in which any shard was "
+                "generating (the shards of parallel workers overlap; model loading and the time "
+                "between runs are left out).")
+    rows.append(["output tokens/s", md.num(rate)])
     if c.drafted:
         positions = " ".join(md.pct(v) for v in d["per_position_acceptance"])
         rows += [["acceptance rate", md.pct(d["acceptance_rate"])],
                  ["mean acceptance length", md.num(d["mean_acceptance_length"], 2)],
                  ["acceptance by position", positions or "–"]]
-    return "## Totals\n\n" + md.table(["total", "value"], rows)
+        if k is not None and len(c.accepted_per_position) > k:
+            note += (f"\n\nPositions past k = {k}: n-gram lookup drafts, of which a greedy "
+                     "request alone in its step may take more than k (`--draft-ngram-tokens`).")
+    return "## Totals\n\n" + md.table(["total", "value"], rows) + note
 
 
 def _shard_table(shards: dict[int, Counts], committed: dict[int, float | None]) -> str:
+    if not shards:
+        return "## Shards\n\nNo shard is committed yet."
     shown = list(shards)[:_MAX_TABLE_SHARDS]
     more = len(shards) - len(shown)
     rows = [[str(s), f"{shards[s].rows:,}", f"{shards[s].errors:,}",
-             f"{shards[s].completion_tokens:,}", md.num(shards[s].wall_seconds),
+             f"{shards[s].completion_tokens:,}", _seconds(shards[s].wall_seconds),
              md.num(shards[s].derived()["output_tokens_per_s"]),
              md.pct(shards[s].derived()["acceptance_rate"]), _clock(committed[s])]
             for s in shown]
     note = f"\n\n({more} more shards not listed)" if more > 0 else ""
     return "## Shards\n\n" + md.table(["shard", "rows", "errors", "tokens", "seconds",
                                        "tokens/s", "acceptance", "committed"], rows) + note
+
+
+def _seconds(value: float) -> str:
+    """Seconds to a tenth, or to a thousandth below 10 s (a fast shard's 0.04 s is not 0.0)."""
+    return md.num(value, 3 if value < 10 else 1)
+
+
+def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
+    """The most common `error` messages of the committed shards' error rows, read from their
+    part files (only where some shard has error rows)."""
+    with_errors = [s for s, c in shards.items() if c.errors]
+    if not with_errors:
+        return ""
+    reasons: collections.Counter[str] = collections.Counter()
+    unread = []
+    for shard in with_errors:
+        path = os.path.join(directory, part_name(shard))
+        try:
+            column = pq.read_table(path, columns=["error"]).column("error")
+        except (OSError, KeyError, pa.ArrowInvalid):
+            unread.append(shard)
+            continue
+        reasons.update(e for e in column.to_pylist() if e is not None)
+    lines = ["## Error rows by message", ""]
+    if reasons:
+        top = reasons.most_common(_MAX_REASONS)
+        lines.append(md.table(["error rows", "error"],
+                              [[f"{n:,}", "`" + _one_line(e) + "`"] for e, n in top]))
+        if len(reasons) > len(top):
+            lines.append(f"\n({len(reasons) - len(top)} other messages not listed)")
+    if unread:
+        lines.append(f"\nThe part files of shard(s) {', '.join(map(str, unread[:20]))} could "
+                     "not be read for their messages.")
+    return "\n".join(lines)
+
+
+_MAX_REASONS = 10
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    line = " ".join(text.split()).replace("`", "'").replace("|", "\\|")
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def _clock(t: float | None) -> str:
@@ -215,5 +346,5 @@ def _plot_links(drawn: dict[str, Any]) -> str:
     lines = ["## Plots", ""]
     for name, series in drawn.items():
         lines.append(f"![{name}]({PLOTS[name]})" if series is not None
-                     else f"- {name}: not drawn (no data, e.g. no drafter or no shard)")
+                     else f"- {name}: not drawn ({_NOT_DRAWN[name]})")
     return "\n".join(lines)

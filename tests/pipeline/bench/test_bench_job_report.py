@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -43,6 +44,9 @@ def test_report_of_a_finished_job_with_a_drafter(
     assert f"drafter `{tiny_drafter_dir}`, k = 2" in report
     assert "| rows | 5 |" in report and "| error rows | 1 |" in report
     assert "| acceptance rate |" in report
+    assert "## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n" in report
+    assert "\n| 1 | `" in report and "prompt is empty" in report
+    assert "shards not committed yet" not in report and "- 1 run (" in report
     for shard in range(3):
         assert f"\n| {shard} | " in report
     for name in PLOTS.values():
@@ -69,8 +73,10 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     shards = {0: Counts(rows=10, errors=2, prompt_tokens=50, completion_tokens=200,
                         wall_seconds=4.0),
               1: Counts(rows=10, prompt_tokens=50, completion_tokens=100, wall_seconds=4.0)}
+    runs = [{"started": 999_990.0, "runner": "local"},
+            {"started": 1_000_050.0, "runner": "ray", "workers": 2}]
     manifest = Manifest({"model": "m", "drafter": None, "sampling": {"max_tokens": 20},
-                         "n": 1, "shard_rows": 10}, [{"path": "in.parquet"}], 5, shards)
+                         "n": 1, "shard_rows": 10}, [{"path": "in.parquet"}], 5, shards, runs)
     manifest.save(str(job))
     write_stats(str(job), shards)
     for shard, mtime in ((0, 1_000_000.0), (1, 1_000_060.0)):
@@ -81,12 +87,53 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     assert code == 0
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "- 2 of 5 shards committed; not complete" in report
+    clock = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])) for r in runs]
+    assert (f"- 2 runs (the first start and every resume): {clock[0]} (local); {clock[1]} (ray, "
+            "2 workers)") in report
+    assert "- shards not committed yet: 2, 3, 4 (rerun the job's command to finish them)" \
+        in report
+    # shards 0 and 1 generated for 4 s each, one after the other: 300 tokens in 8 s
+    assert "| seconds in which any shard was generating | 8.000 |" in report
     assert "| output tokens/s | 37.5 |" in report
-    assert "| 0 | 10 | 2 | 200 | 4.0 | 50.0 | – |" in report
-    assert "- acceptance: not drawn" in report  # no drafter
+    assert "| 0 | 10 | 2 | 200 | 4.000 | 50.0 | – |" in report
+    assert "- acceptance: not drawn (nothing was drafted)" in report
     assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == sorted(
         ["report.md", PLOTS["throughput"], PLOTS["errors"]])
     assert not (job / "report.md").exists()
+
+
+def test_parallel_shards_count_their_time_once(tmp_path: Path) -> None:
+    """Two workers' shards that generated at the same time: the job's rate is twice a
+    shard's, where summing their seconds would give one worker's."""
+    shards = {s: Counts(rows=4, prompt_tokens=20, completion_tokens=400, wall_seconds=10.0)
+              for s in (0, 1)}
+    Manifest({"model": "m", "drafter": None, "sampling": {}, "n": 1, "shard_rows": 4},
+             [{"path": "in.parquet"}], 2, shards).save(str(tmp_path))
+    write_stats(str(tmp_path), shards)
+    for shard, mtime in ((0, 2_000_000.0), (1, 2_000_001.0)):
+        part = tmp_path / f"part-{shard:05d}.parquet"
+        write_parquet(part, {"error": [None, None, None, None]})
+        os.utime(part, (mtime, mtime))
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| generation seconds (sum over shards) | 20.0 |" in report
+    assert "| seconds in which any shard was generating | 11.0 |" in report
+    assert "| output tokens/s | 72.7 |" in report  # 800 / 11
+    assert "## Error rows by message" not in report  # no error rows
+    assert "shards not committed yet" not in report
+
+
+def test_a_job_with_no_shard_committed_yet(tmp_path: Path) -> None:
+    Manifest({"model": "m", "drafter": None, "sampling": {}, "n": 1, "shard_rows": 4},
+             [{"path": "in.parquet"}], 3, {}, [{"started": 2_000_000.0, "runner": "local"}]
+             ).save(str(tmp_path))
+    write_stats(str(tmp_path), {})
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "- 0 of 3 shards committed; not complete" in report
+    assert "- shards not committed yet: 0, 1, 2" in report
+    assert "No shard is committed yet." in report
+    assert "- throughput: not drawn (no shard committed yet)" in report
 
 
 def test_report_of_a_directory_without_job_outputs_is_a_user_error(tmp_path: Path) -> None:
@@ -138,3 +185,14 @@ def test_without_a_manifest_the_counts_come_back_from_stats_parquet(tmp_path: Pa
               2: Counts(rows=1, prompt_tokens=5, completion_tokens=7, wall_seconds=0.5)}
     write_stats(str(tmp_path), shards)
     assert _shards(None, tmp_path / "stats.parquet") == shards
+    # draft steps and accepted drafts per position come back from the rates
+    shards[0] = Counts(rows=3, errors=1, prompt_tokens=40, completion_tokens=90,
+                       wall_seconds=2.5, drafted=30, accepted=12, draft_steps=15,
+                       accepted_per_position=[9, 3])
+    write_stats(str(tmp_path), shards)
+    assert _shards(None, tmp_path / "stats.parquet") == shards
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| mean acceptance length | 1.80 |" in report
+    assert "| acceptance by position | 60.0% 20.0% |" in report
+    assert (tmp_path / PLOTS["acceptance"]).read_bytes()[:8] == PNG_SIGNATURE

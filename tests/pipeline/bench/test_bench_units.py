@@ -255,8 +255,24 @@ def test_the_q4_line_says_how_many_weights_got_4_bit_panels() -> None:
 
 
 def test_a_resumed_jobs_shards_plot_in_separate_runs() -> None:
-    from pipeline.bench.job_report import time_segments  # noqa: PLC0415
+    from pipeline.bench.job_report import time_segments, time_unit  # noqa: PLC0415
 
     spans = [(0.0, 60.0, 10.0), (60.0, 120.0, 11.0), (900.0, 960.0, 12.0),
              (905.0, 970.0, 13.0)]  # two workers after the resume
-    assert time_segments(spans) == [[(1.0, 10.0), (2.0, 11.0)], [(16.0, 12.0), (970 / 60, 13.0)]]
+    assert time_segments(spans, [-5.0, 850.0]) == [[(1.0, 10.0), (2.0, 11.0)],
+                                                   [(16.0, 12.0), (970 / 60, 13.0)]]
+    # the runs the manifest recorded split the line, not the gaps between shards
+    assert time_segments(spans, [-5.0]) == [[(1.0, 10.0), (2.0, 11.0), (16.0, 12.0),
+                                             (970 / 60, 13.0)]]
+    assert time_segments(spans[:2], [-5.0, 100.0], scale=1.0) == [[(60.0, 10.0)],
+                                                                  [(120.0, 11.0)]]
+    assert time_unit(100.0) == ("seconds", 1.0) and time_unit(600.0) == ("minutes", 60.0)
+    assert time_unit(5 * 3600.0) == ("hours", 3600.0)
+
+
+def test_busy_seconds_count_overlapping_shards_once() -> None:
+    from pipeline.bench.job_report import busy_seconds  # noqa: PLC0415
+
+    assert busy_seconds([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0)]) == 17.0
+    assert busy_seconds([(0.0, 10.0), (2.0, 3.0)]) == 10.0
+    assert busy_seconds([]) == 0.0

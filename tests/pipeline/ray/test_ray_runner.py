@@ -99,6 +99,9 @@ def test_two_workers_write_what_the_local_runner_writes(
     for counts in [*manifest["shards"].values(), *expected["shards"].values(),
                    manifest["totals"], expected["totals"]]:
         counts.pop("wall_seconds")
+    runs, local_runs = manifest.pop("runs"), expected.pop("runs")
+    assert [{k: v for k, v in r.items() if k != "started"} for r in runs + local_runs] == [
+        {"runner": "ray", "workers": 2}, {"runner": "local"}]
     assert manifest == expected  # same config fingerprint: resumable by either runner
     pids = engines.pids()
     assert len(pids) == len(set(pids)) == 2  # one engine per worker, loaded once
