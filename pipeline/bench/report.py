@@ -260,15 +260,24 @@ def _why_unequal(meta: dict[str, Any]) -> str:
             "(`--dtype float32 --attention-backend cpu`, the CPU defaults).")
 
 
+_TIMES = ("latency_mean_s", "latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s")
+
+
 def _throughput(summaries: dict[Key, Summary]) -> str:
-    headers = ["batch", "variant", "tokens/s", "spread", "requests/s", "latency mean s",
-               "p50 s", "p99 s", "TTFT p50 s", "TTFT p99 s", "acceptance", "accept len",
-               "peak RSS MiB"]
+    longest = max((v for s in summaries.values() for f in _TIMES
+                   if (v := s.median(f)) is not None), default=0.0)
+    unit, scale, digits = ("ms", 1000.0, 1) if longest < 1.0 else ("s", 1.0, 2)
+
+    def when(s: Summary, field: str) -> str:
+        value = s.median(field)
+        return md.num(None if value is None else value * scale, digits)
+
+    headers = ["batch", "variant", "tokens/s", "spread", "requests/s", f"latency mean {unit}",
+               f"p50 {unit}", f"p99 {unit}", f"TTFT p50 {unit}", f"TTFT p99 {unit}",
+               "acceptance", "accept len", "peak RSS MiB"]
     rows = [[str(s.batch_size), variant_label(s.variant, s.k), md.num(s.tokens_per_s),
              "–" if s.spread is None else f"±{50 * s.spread:.1f}%",
-             md.num(s.median("requests_per_s"), 2), md.num(s.median("latency_mean_s"), 2),
-             md.num(s.median("latency_p50_s"), 2), md.num(s.median("latency_p99_s"), 2),
-             md.num(s.median("ttft_p50_s"), 2), md.num(s.median("ttft_p99_s"), 2),
+             md.num(s.median("requests_per_s"), 2), *[when(s, f) for f in _TIMES],
              md.pct(s.acceptance.derived()["acceptance_rate"]),
              md.num(s.acceptance.derived()["mean_acceptance_length"], 2),
              md.mib(s.median("peak_rss_bytes"))] for s in summaries.values()]

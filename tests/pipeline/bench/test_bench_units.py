@@ -276,3 +276,17 @@ def test_busy_seconds_count_overlapping_shards_once() -> None:
     assert busy_seconds([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0)]) == 17.0
     assert busy_seconds([(0.0, 10.0), (2.0, 3.0)]) == 10.0
     assert busy_seconds([]) == 0.0
+
+
+def test_latencies_read_in_ms_when_every_one_is_under_a_second() -> None:
+    from pipeline.bench.report import _throughput  # noqa: PLC0415
+
+    times = {"latency_mean_s": 0.0432, "latency_p50_s": 0.04, "latency_p99_s": 0.0871,
+             "ttft_p50_s": 0.0123, "ttft_p99_s": 0.02, "requests_per_s": 23.1,
+             "peak_rss_bytes": 300 << 20, "peak_gpu_bytes": None}
+    fast = _throughput(summarize([_row(1, "engine", 0, 500.0, **times)]))
+    assert "| latency mean ms | p50 ms | p99 ms | TTFT p50 ms | TTFT p99 ms |" in fast
+    assert "| 23.10 | 43.2 | 40.0 | 87.1 | 12.3 | 20.0 |" in fast
+    slow = _throughput(summarize([_row(1, "engine", 0, 50.0, **times),
+                                  _row(4, "engine", 0, 90.0, **{**times, "latency_p99_s": 1.5})]))
+    assert "| latency mean s | p50 s |" in slow and "| 0.04 | 0.04 | 0.09 | 0.01 |" in slow
