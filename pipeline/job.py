@@ -82,15 +82,17 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
         os.makedirs(config.output_dir, exist_ok=True)
     except OSError as exc:
         raise JobError(f"cannot create OUTPUT_DIR {config.output_dir} ({_reason(exc)})") from None
-    try:
-        with _locked(config.output_dir), _naming_write_errors():
+    with _locked(config.output_dir), _naming_write_errors():
+        try:
             summary = _run_locked(config, plan, runner, engine_factory, progress)
-    except BaseException:
-        # refused before it wrote anything (the model would not load, say): leave no trace
-        if created and os.listdir(config.output_dir) == [LOCK_FILE]:
-            os.remove(os.path.join(config.output_dir, LOCK_FILE))
-            os.rmdir(config.output_dir)
-        raise
+        except BaseException:
+            # refused before it wrote anything (the model would not load, say): leave no trace.
+            # Only the lock's holder tidies up: a job refused for the lock must not remove the
+            # directory (and lock file) of the job that holds it.
+            if created and os.listdir(config.output_dir) == [LOCK_FILE]:
+                os.remove(os.path.join(config.output_dir, LOCK_FILE))
+                os.rmdir(config.output_dir)
+            raise
     print(summary.line)
     return summary
 

@@ -37,7 +37,8 @@ def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
         raise ValueError(f"{len(outputs)} outputs for {inputs.num_rows} rows x n={n}")
     table = inputs
     if generated_ids is not None:
-        table = table.add_column(0, pa.field(id_column, pa.string()), [list(generated_ids)])
+        table = table.add_column(0, pa.field(id_column, pa.string()),
+                                 pa.array(list(generated_ids), pa.string()))
     if n > 1:
         table = table.take(pa.array([row for row in range(inputs.num_rows) for _ in range(n)],
                                     pa.int64()))

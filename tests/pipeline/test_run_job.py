@@ -238,3 +238,30 @@ def test_dictionary_encoded_string_columns_are_read_as_strings(
     for row, prompt in zip(rows[:3], prompts, strict=False):
         assert tuple(row["completion_token_ids"]) == _alone(tiny_engine, str(prompt), 6)
     assert (rows[3]["finish_reason"], rows[3]["error"]) == ("error", "prompt is null")
+
+
+def test_a_job_refused_for_the_lock_leaves_the_holders_directory(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs started at once on a new OUTPUT_DIR: the one that created it but lost the lock
+    is refused, and must not remove the directory and lock file of the one that holds it."""
+    import fcntl
+
+    import pipeline.job as job_module
+
+    _inputs(tmp_path)
+    out = tmp_path / "out"
+    holder: list[Any] = []
+    real_makedirs = os.makedirs
+
+    def makedirs_then_lose_the_race(path: str, exist_ok: bool = False) -> None:
+        real_makedirs(path, exist_ok=exist_ok)
+        lock = open(os.path.join(path, ".eaglebatch.lock"), "a")  # noqa: SIM115
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other job takes it first
+        holder.append(lock)
+
+    monkeypatch.setattr(job_module.os, "makedirs", makedirs_then_lose_the_race)
+    with pytest.raises(JobError, match=f"^another eaglebatch job is writing to {out}$"):
+        run_job(_config(tmp_path, tiny_model_dir), _factory(tiny_engine), progress=False)
+    assert os.listdir(out) == [".eaglebatch.lock"]
+    holder[0].close()
