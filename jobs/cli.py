@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -177,7 +178,7 @@ def generate(**options: Any) -> None:
     """Generate a completion for every row of INPUT (a Parquet file, a directory of Parquet files
     or a glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json.
     Rerunning the same command resumes an interrupted job."""
-    from pipeline.job import JobInterrupted, run_job  # imported here: `--help` needs no torch
+    from pipeline.job import JobInterrupted, rerun_hint, run_job  # `--help` needs no torch
 
     try:
         run_job(_job_config(options))
@@ -187,6 +188,10 @@ def generate(**options: Any) -> None:
     except JobInterrupted as exc:
         click.echo(str(exc), err=True)
         sys.exit(128 + exc.signum)
+    except KeyboardInterrupt:  # Ctrl-C outside the shards' loop (loading inputs or the model)
+        click.echo(f"interrupted; the shards committed so far are kept: "
+                   f"{rerun_hint(bool(options.get('overwrite')))}", err=True)
+        sys.exit(128 + signal.SIGINT)
 
 
 def _stop_strings(value: tuple[str, ...]) -> tuple[str, ...]:

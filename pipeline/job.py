@@ -44,9 +44,16 @@ from runtime.kv.groups import KVCacheBudgetError
 class JobInterrupted(Exception):
     """SIGINT/SIGTERM: the shard in flight was abandoned; committed shards are kept."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__("interrupted; rerun the same command to resume")
+    def __init__(self, signum: int, overwrite: bool = False) -> None:
+        super().__init__(f"interrupted; {rerun_hint(overwrite)}")
         self.signum = signum
+
+
+def rerun_hint(overwrite: bool) -> str:
+    """How to resume: the same command, less --overwrite (which would start over)."""
+    if overwrite:
+        return "rerun the same command without --overwrite to resume (with it, the job starts over)"
+    return "rerun the same command to resume"
 
 
 class JobSummary(NamedTuple):
@@ -82,7 +89,7 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
         os.makedirs(config.output_dir, exist_ok=True)
     except OSError as exc:
         raise JobError(f"cannot create OUTPUT_DIR {config.output_dir} ({_reason(exc)})") from None
-    with _locked(config.output_dir), _naming_write_errors():
+    with _locked(config.output_dir), _naming_write_errors(config.overwrite):
         try:
             summary = _run_locked(config, plan, runner, engine_factory, progress)
         except BaseException:
@@ -111,7 +118,7 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
                        enabled=progress)
         start = time.monotonic()
         try:
-            with _stop_on_signals() as stop:
+            with _stop_on_signals(config.overwrite) as stop:
                 hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
                 for shard_id, counts in run_shards(pending, hooks):
                     manifest.shards[shard_id] = counts
@@ -139,15 +146,15 @@ def _check_output_dir(output_dir: str, files: list[InputFile]) -> None:
 
 
 @contextmanager
-def _naming_write_errors() -> Iterator[None]:
+def _naming_write_errors(overwrite: bool) -> Iterator[None]:
     """A file that cannot be written (a full disk, a read-only mount) stops the job with a
     message naming it; the shards committed before are kept."""
     try:
         yield
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        raise JobError(f"{where}{_reason(exc)}; the shards committed so far are kept: rerun the "
-                       f"same command to resume") from None
+        raise JobError(f"{where}{_reason(exc)}; the shards committed so far are kept: "
+                       f"{rerun_hint(overwrite)}") from None
 
 
 def _reason(exc: OSError) -> str:
@@ -268,24 +275,25 @@ def _locked(output_dir: str) -> Iterator[None]:
 
 
 class _StopFlag:
-    def __init__(self) -> None:
+    def __init__(self, overwrite: bool) -> None:
         self.signum: int | None = None
+        self.overwrite = overwrite
 
     def check(self) -> None:
         if self.signum is not None:
-            raise JobInterrupted(self.signum)
+            raise JobInterrupted(self.signum, self.overwrite)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:  # a second signal: stop now, wherever we are
-            raise JobInterrupted(signum)
+            raise JobInterrupted(signum, self.overwrite)
         self.signum = signum
 
 
 @contextmanager
-def _stop_on_signals() -> Iterator[_StopFlag]:
+def _stop_on_signals(overwrite: bool) -> Iterator[_StopFlag]:
     """SIGINT/SIGTERM set a flag that the job checks between stages and after each engine step.
     Handlers can only be installed from the main thread; elsewhere the flag is never set."""
-    flag = _StopFlag()
+    flag = _StopFlag(overwrite)
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return

@@ -274,3 +274,22 @@ def test_drafter_is_lossless_and_its_acceptance_is_reported(tmp_path: Path,
     manifest = json.loads((tmp_path / "spec" / "manifest.json").read_text())
     assert manifest["config"]["drafter"] == str(drafter)
 
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_ctrl_c_while_the_job_starts_is_a_message_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overwrite: bool) -> None:
+    """Before the job's own SIGINT handler is in place (reading inputs, loading the model)."""
+    import pipeline.job
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.job, "run_job", interrupted)
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
+    result = CliRunner().invoke(main, ["generate", str(inputs), str(tmp_path / "out"),
+                                       *(["--overwrite"] if overwrite else [])])
+    assert result.exit_code == 128 + signal.SIGINT
+    hint = ("rerun the same command without --overwrite to resume (with it, the job starts "
+            "over)" if overwrite else "rerun the same command to resume")
+    assert result.stderr == f"interrupted; the shards committed so far are kept: {hint}\n"

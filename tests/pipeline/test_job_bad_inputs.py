@@ -8,19 +8,20 @@ import errno
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import pipeline.shard
+from pipeline.atomic import write_atomically
 from pipeline.config import JobConfig, JobError
 from pipeline.job import build_engine, run_job
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
-from tests.pipeline.helpers import not_utf8, read_parts, write_parquet
+from tests.pipeline.helpers import hidden_files, not_utf8, read_parts, write_parquet
 
 PROMPTS = ["Paris is the capital of", "The quick brown fox", "To bake bread, mix"]
 
@@ -109,8 +110,10 @@ def test_a_failed_write_names_the_file_and_a_rerun_resumes(
 
     def disk_full_on_the_second(output_dir: str, name: str, table: pa.Table) -> None:
         if name != "part-00000.parquet":
-            path = os.path.join(output_dir, name)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            def fill(f: BinaryIO) -> None:  # a write to a full disk names no file
+                f.write(b"PAR1")
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            write_atomically(os.path.join(output_dir, name), fill)
         write_part(output_dir, name, table)
 
     monkeypatch.setattr(pipeline.shard, "write_part", disk_full_on_the_second)
@@ -120,6 +123,7 @@ def test_a_failed_write_names_the_file_and_a_rerun_resumes(
                                        "the shards committed so far are kept: rerun"):
         run_job(config, lambda _: tiny_engine, progress=False)
     assert sorted(n for n in os.listdir(out) if n.startswith("part-")) == ["part-00000.parquet"]
+    assert hidden_files(out) == []  # the temp file of the failed write is gone
     monkeypatch.setattr(pipeline.shard, "write_part", write_part)
     summary = run_job(config, lambda _: tiny_engine, progress=False)
     assert (summary.shards_resumed, summary.shards_run, summary.complete) == (1, 1, True)

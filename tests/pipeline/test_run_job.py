@@ -200,6 +200,13 @@ def test_sigint_abandons_the_shard_in_flight_and_resume_completes(
     summary = run_job(config, _factory(tiny_engine), progress=False)
     assert (summary.shards_resumed, summary.complete) == (1, True)
     assert read_parts(out).equals(read_parts(tmp_path / "reference"))
+    # a job started with --overwrite would start over if rerun as it was: the message says so
+    again = Engine(config.engine)
+    with pytest.raises(JobInterrupted) as err:
+        run_job(_config(tmp_path, tiny_model_dir, overwrite=True),
+                _factory(_SignalDuringShard(again, at=1)), progress=False)  # type: ignore[arg-type]
+    assert str(err.value) == ("interrupted; rerun the same command without --overwrite to "
+                              "resume (with it, the job starts over)")
 
 
 def test_rows_the_engine_refuses_are_error_rows(tmp_path: Path, tiny_model_dir: Path) -> None:
