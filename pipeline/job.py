@@ -26,13 +26,21 @@ from pipeline.manifest import (
     Manifest,
     check_resumable,
     clear_outputs,
-    drop_missing_parts,
+    drop_unusable_parts,
     load_manifest,
     our_files,
 )
 from pipeline.progress import Progress
 from pipeline.shard import ShardContext, ShardHooks, run_shard
-from pipeline.sources import InputFile, InputPlan, Shard, open_inputs, plan_shards, scan_inputs
+from pipeline.sources import (
+    InputFile,
+    InputPlan,
+    Shard,
+    open_inputs,
+    part_name,
+    plan_shards,
+    scan_inputs,
+)
 from pipeline.stages.generate import EngineLike
 from pipeline.stages.tokenize import TokenizeOptions
 from pipeline.stats import Counts, summary_line, total, write_stats
@@ -208,10 +216,9 @@ def _prepare_output_dir(config: JobConfig, manifest: Manifest) -> int:
     if config.overwrite:
         clear_outputs(config.output_dir)
     remove_stale_temps(config.output_dir)
-    missing = drop_missing_parts(manifest, config.output_dir)
-    if missing:
-        print(f"part files of committed shards {missing} are missing; regenerating them",
-              file=sys.stderr)
+    for shard_id, problem in drop_unusable_parts(manifest, config.output_dir).items():
+        print(f"{part_name(shard_id)} of committed shard {shard_id} is {problem}; generating "
+              "it again", file=sys.stderr)
     if manifest.shards:
         print(f"resuming: {len(manifest.shards)} of {manifest.num_shards} shards done",
               file=sys.stderr)

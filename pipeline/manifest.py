@@ -20,8 +20,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from pipeline.atomic import is_temp_name, write_bytes_atomically
-from pipeline.config import JobError
+from pipeline.config import JobError, one_line
 from pipeline.sources import is_part_name, part_name
 from pipeline.stats import STATS_FILE, Counts, total
 
@@ -119,13 +122,26 @@ def clear_outputs(output_dir: str) -> None:
             os.remove(path)
 
 
-def drop_missing_parts(manifest: Manifest, output_dir: str) -> list[int]:
-    """Forget committed shards whose part file was deleted; return their ids."""
-    missing = [k for k in manifest.shards
-               if not os.path.exists(os.path.join(output_dir, part_name(k)))]
-    for k in missing:
+def drop_unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
+    """Forget committed shards whose part file was deleted or damaged since (its Parquet footer
+    unreadable, or its row count not the one committed), so they are generated again; returns
+    {shard id: what is wrong with its part file}. Reads footers only, not the rows."""
+    unusable = {}
+    for k, counts in manifest.shards.items():
+        path = os.path.join(output_dir, part_name(k))
+        if not os.path.exists(path):
+            unusable[k] = "missing"
+            continue
+        try:
+            rows = pq.ParquetFile(path).metadata.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            unusable[k] = f"unreadable ({one_line(exc)})"
+            continue
+        if rows != counts.rows:
+            unusable[k] = f"{rows} rows where {counts.rows} were committed"
+    for k in unusable:
         del manifest.shards[k]
-    return missing
+    return unusable
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

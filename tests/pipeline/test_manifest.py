@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import JobConfig, JobError
@@ -12,7 +14,7 @@ from pipeline.manifest import (
     Manifest,
     check_resumable,
     clear_outputs,
-    drop_missing_parts,
+    drop_unusable_parts,
     load_manifest,
     our_files,
 )
@@ -93,10 +95,18 @@ def test_clear_outputs_removes_only_the_job_files(tmp_path: Path) -> None:
                                             "part-notes.parquet", "partial.csv"]
 
 
-def test_committed_shards_whose_part_file_is_gone_are_forgotten(tmp_path: Path) -> None:
+def test_committed_shards_whose_part_file_is_gone_or_damaged_are_forgotten(
+        tmp_path: Path) -> None:
     m = _manifest()
-    m.shards = {0: Counts(rows=1), 1: Counts(rows=1), 2: Counts(rows=1)}
-    for k in (0, 2):
-        (tmp_path / f"part-0000{k}.parquet").write_text("x")
-    assert drop_missing_parts(m, str(tmp_path)) == [1]
-    assert sorted(m.shards) == [0, 2]
+    m.shards = {k: Counts(rows=2) for k in range(5)}
+    for k in (0, 2, 3, 4):
+        pq.write_table(pa.table({"id": ["a", "b", "c"][:3 if k == 3 else 2]}),
+                       tmp_path / f"part-0000{k}.parquet")
+    damaged = tmp_path / "part-00002.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:-20])  # truncated: no footer
+    assert drop_unusable_parts(m, str(tmp_path)) == {
+        1: "missing",
+        2: "unreadable (Parquet magic bytes not found in footer. Either the file is corrupted "
+           "or this is not a parquet file.)",
+        3: "3 rows where 2 were committed"}
+    assert sorted(m.shards) == [0, 4]

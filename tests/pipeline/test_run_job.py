@@ -117,6 +117,24 @@ def test_resume_regenerates_only_the_missing_shard(
     assert (out / "_SUCCESS").exists()
 
 
+def test_a_damaged_part_file_of_a_finished_job_is_generated_again(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _inputs(tmp_path)
+    config = _config(tmp_path, tiny_model_dir)
+    run_job(config, _factory(tiny_engine), progress=False)
+    out = tmp_path / "out"
+    before = read_parts(out)
+    part = out / "part-00003.parquet"
+    part.write_bytes(part.read_bytes()[:100])
+    capsys.readouterr()
+    summary = run_job(config, _factory(tiny_engine), progress=False)
+    assert "part-00003.parquet of committed shard 3 is unreadable (" in capsys.readouterr().err
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (4, 1, True)
+    assert read_parts(out).equals(before)
+    assert (out / "_SUCCESS").exists()
+
+
 def test_other_options_are_refused_until_overwrite(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     _inputs(tmp_path)
