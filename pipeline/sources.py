@@ -22,7 +22,7 @@ from pipeline.config import JobConfig, JobError, one_line
 from pipeline.schema import check_input_schema, python_values, schema_difference
 from pipeline.stats import STATS_FILE
 
-_SCAN_BATCH_ROWS = 65_536
+_SCAN_BATCH_ROWS = 8_192
 
 
 @dataclass(frozen=True)
@@ -172,13 +172,16 @@ def _iter_file(f: InputFile,
     parquet = pq.ParquetFile(f.path)
     offset = 0
     for group, rows in enumerate(f.row_group_rows):
-        try:
-            batches = list(parquet.iter_batches(_SCAN_BATCH_ROWS, row_groups=[group],
-                                                columns=columns))
-        except (pa.ArrowException, OSError) as exc:
-            raise JobError(f"{f.path}: cannot read row group {group} (rows {offset}-"
-                           f"{offset + rows - 1}): {one_line(exc)}") from None
-        for batch in batches:
+        start = offset
+        batches = parquet.iter_batches(_SCAN_BATCH_ROWS, row_groups=[group], columns=columns)
+        while True:  # one batch in memory at a time, not the whole row group
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                raise JobError(f"{f.path}: cannot read row group {group} (rows {start}-"
+                               f"{start + rows - 1}): {one_line(exc)}") from None
+            if batch is None:
+                break
             yield offset, batch
             offset += batch.num_rows
 
