@@ -88,9 +88,14 @@ def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
         if not names:
             raise JobError(f"input directory {spec} holds no .parquet files")
         return [os.path.join(spec, n) for n in names]
-    matches = sorted(p for p in glob.glob(spec, recursive=True)
-                     if os.path.isfile(p) and not _written_by_job(p, output_dir))
+    found = glob.glob(spec, recursive=True)
+    matches = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     if not matches:
+        if any(os.path.isdir(p) for p in found):
+            raise JobError(f"input {spec}: the glob matches only directories; match the files "
+                           f"in them (e.g. {os.path.join(spec, '*.parquet')})")
+        if found:
+            raise JobError(f"input {spec}: the glob matches only the job's own output files")
         raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
     return matches
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -45,6 +46,16 @@ def test_missing_input_and_empty_directory_are_refused(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(JobError, match="holds no .parquet files"):
         resolve_input(str(tmp_path / "empty"))
+    (tmp_path / "shards" / "a").mkdir(parents=True)
+    spec = str(tmp_path / "shards" / "*")
+    with pytest.raises(JobError, match=re.escape(
+            f"input {spec}: the glob matches only directories; match the files in them (e.g. "
+            f"{spec}/*.parquet)")):
+        resolve_input(spec)
+    out = tmp_path / "out"
+    write_parquet(out / "part-00000.parquet", _prompts(1))
+    with pytest.raises(JobError, match="the glob matches only the job's own output files$"):
+        resolve_input(str(out / "*.parquet"), str(out))
 
 
 def test_shards_never_span_files_and_are_numbered_globally(tmp_path: Path) -> None:
