@@ -13,8 +13,10 @@ from runtime.config import EngineConfig, SamplingParams
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (its type's name where it has none)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """An exception's message on one line (its type's name where it has none), without control
+    characters (a library's message may quote the raw bytes it choked on)."""
+    text = "".join(c if c.isprintable() else " " for c in str(exc))
+    return " ".join(text.split()) or type(exc).__name__
 
 
 class JobError(Exception):

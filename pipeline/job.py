@@ -89,9 +89,9 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
             progress: bool = True) -> JobSummary:
     runner = _runner(config)
     files, schema, has_id = open_inputs(config)
-    plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
     _check_output_dir(config.output_dir, files)
-    scan_inputs(plan.files, config, plan.has_id_column)
+    files = scan_inputs(files, config, has_id)
+    plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
     created = not os.path.exists(config.output_dir)
     try:
         os.makedirs(config.output_dir, exist_ok=True)

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pipeline.sources import Shard
 from pipeline.stages.detokenize import detokenize
 from pipeline.stages.generate import EngineLike, generate_rows
-from pipeline.stages.read import read_shard_table
+from pipeline.stages.read import read_shard_table, unreadable_row_errors
 from pipeline.stages.tokenize import PreparedRow, TokenizeOptions, tokenize_rows
 from pipeline.stages.write import RowOutput, assemble, write_part
 from pipeline.stats import Counts
@@ -41,6 +41,9 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
     table = read_shard_table(shard)
     row_ids = _row_ids(table, shard, ctx)
     prepared = tokenize_rows(table, ctx.engine.tokenizer, ctx.tokenize)
+    if (unreadable := unreadable_row_errors(shard)) is not None:
+        prepared = [p if error is None else PreparedRow(None, None, False, error)
+                    for p, error in zip(prepared, unreadable, strict=True)]
     hooks.rows_done(sum(p.error is not None for p in prepared))
     hooks.check_stop()
     n = ctx.n

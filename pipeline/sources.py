@@ -9,9 +9,10 @@ from __future__ import annotations
 import glob
 import os
 import re
+import sys
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,6 +33,9 @@ class InputFile:
     mtime_ns: int
     num_rows: int
     row_group_rows: tuple[int, ...]
+    # row groups the scan could not read whole (a corrupt page): (group, why). Their rows come
+    # back as error rows, with the columns that can still be read on their own
+    unreadable_groups: tuple[tuple[int, str], ...] = ()
 
     @property
     def stem(self) -> str:
@@ -144,30 +148,95 @@ def plan_shards(files: list[InputFile], shard_rows: int) -> list[Shard]:
     return shards
 
 
-def scan_inputs(files: list[InputFile], config: JobConfig, has_id: bool) -> None:
-    """Read every row once, streaming, so that a corrupt page or a bad id stops the job before
-    anything is generated. Only a 64-bit hash of each id is kept (8 bytes a row); when two hashes
-    collide, a second pass over the colliding ids tells a real duplicate from a hash collision."""
+def scan_inputs(files: list[InputFile], config: JobConfig, has_id: bool) -> list[InputFile]:
+    """Read every row once, streaming, so that a bad id stops the job before anything is
+    generated, and a row group that cannot be read (a corrupt page) is known before its shard
+    runs: the files come back with their unreadable groups noted (their rows become error rows;
+    the job goes on with the others), and each is named on stderr. A group whose ids cannot be
+    read either stops the job. Only a 64-bit hash of each id is kept (8 bytes a row); when two
+    hashes collide, a second pass over the colliding ids tells a real duplicate from a hash
+    collision."""
     hashes = array("q")
+    scanned = []
     for f in files:
-        for offset, batch in _iter_file(f):
-            if has_id:
-                ids = batch.column(config.id_column)
-                if ids.null_count:
-                    row = offset + ids.is_null().to_pylist().index(True)
-                    raise JobError(f"{f.path}: id column {config.id_column!r} is null at row {row}")
-                hashes.extend(hash(v) for v in _ids(ids, f, offset, config.id_column))
+        parquet = pq.ParquetFile(f.path)
+        unreadable = []
+        for group, start, rows in _groups(f):
+            try:
+                group_hashes = _scan_group(parquet, f, group, start, config, has_id, None)
+            except _Unreadable as exc:
+                unreadable.append((group, _unreadable_message(f, group, start, rows, exc.reason)))
+                print(f"{unreadable[-1][1]}; its {rows} rows will be error rows", file=sys.stderr)
+                group_hashes = array("q")
+                if has_id:
+                    try:
+                        group_hashes = _scan_group(parquet, f, group, start, config, has_id,
+                                                   [config.id_column])
+                    except _Unreadable as again:
+                        raise JobError(f"{_unreadable_message(f, group, start, rows, again.reason)}"
+                                       f", its id column {config.id_column!r} included") from None
+            hashes.extend(group_hashes)
+        scanned.append(replace(f, unreadable_groups=tuple(unreadable)) if unreadable else f)
     if has_id and len(hashes) > 1:
         ordered = np.sort(np.frombuffer(hashes, dtype=np.int64))
         repeated = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
         if repeated:
-            _find_duplicate(files, config.id_column, repeated)
+            _find_duplicate(scanned, config.id_column, repeated)
+    return scanned
 
 
 def plan_inputs(config: JobConfig) -> InputPlan:
     files, schema, has_id = open_inputs(config)
-    scan_inputs(files, config, has_id)
+    files = scan_inputs(files, config, has_id)
     return InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
+
+
+class _Unreadable(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _unreadable_message(f: InputFile, group: int, start: int, rows: int, reason: str) -> str:
+    return f"{f.path}: cannot read row group {group} (rows {start}-{start + rows - 1}): {reason}"
+
+
+def _groups(f: InputFile) -> Iterator[tuple[int, int, int]]:
+    """(row group, its first row, its rows) of a file."""
+    start = 0
+    for group, rows in enumerate(f.row_group_rows):
+        yield group, start, rows
+        start += rows
+
+
+def _scan_group(parquet: pq.ParquetFile, f: InputFile, group: int, start: int,
+                config: JobConfig, has_id: bool, columns: list[str] | None) -> array[int]:
+    """Read one row group (`columns`, or all of them), a batch at a time; the hashes of its ids."""
+    hashes = array("q")
+    offset = start
+    for batch in _read_group(parquet, group, columns):
+        if has_id:
+            ids = batch.column(config.id_column)
+            if ids.null_count:
+                row = offset + ids.is_null().to_pylist().index(True)
+                raise JobError(f"{f.path}: id column {config.id_column!r} is null at row {row}")
+            hashes.extend(hash(v) for v in _ids(ids, f, offset, config.id_column))
+        offset += batch.num_rows
+    return hashes
+
+
+def _read_group(parquet: pq.ParquetFile, group: int,
+                columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    """The group's batches, one in memory at a time; _Unreadable where pyarrow cannot read it."""
+    batches = parquet.iter_batches(_SCAN_BATCH_ROWS, row_groups=[group], columns=columns)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise _Unreadable(one_line(exc)) from None
+        if batch is None:
+            return
+        yield batch
 
 
 def _iter_file(f: InputFile,
@@ -175,20 +244,14 @@ def _iter_file(f: InputFile,
     """(row offset, batch) over a whole file, one row group at a time, so that a read error can
     name the file and the rows of the row group it is in."""
     parquet = pq.ParquetFile(f.path)
-    offset = 0
-    for group, rows in enumerate(f.row_group_rows):
-        start = offset
-        batches = parquet.iter_batches(_SCAN_BATCH_ROWS, row_groups=[group], columns=columns)
-        while True:  # one batch in memory at a time, not the whole row group
-            try:
-                batch = next(batches, None)
-            except (pa.ArrowException, OSError) as exc:
-                raise JobError(f"{f.path}: cannot read row group {group} (rows {start}-"
-                               f"{start + rows - 1}): {one_line(exc)}") from None
-            if batch is None:
-                break
-            yield offset, batch
-            offset += batch.num_rows
+    for group, start, rows in _groups(f):
+        offset = start
+        try:
+            for batch in _read_group(parquet, group, columns):
+                yield offset, batch
+                offset += batch.num_rows
+        except _Unreadable as exc:
+            raise JobError(_unreadable_message(f, group, start, rows, exc.reason)) from None
 
 
 def _ids(ids: pa.Array, f: InputFile, offset: int, id_column: str) -> list[Any]:

@@ -31,18 +31,54 @@ def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.Recor
         group_start += rows
     position = first_row
     _check_unchanged(shard)
+    unreadable = dict(shard.file.unreadable_groups)
     try:
-        for batch in pq.ParquetFile(shard.file.path).iter_batches(batch_rows, row_groups=groups):
-            lo = max(shard.start - position, 0)
-            hi = min(shard.stop - position, batch.num_rows)
-            position += batch.num_rows
-            if hi > lo:
-                yield batch.slice(lo, hi - lo)
-            if position >= shard.stop:
-                return
+        parquet = pq.ParquetFile(shard.file.path)
+        for group in groups:
+            batches = (iter([_salvage(parquet, group)]) if group in unreadable
+                       else parquet.iter_batches(batch_rows, row_groups=[group]))
+            for batch in batches:
+                lo = max(shard.start - position, 0)
+                hi = min(shard.stop - position, batch.num_rows)
+                position += batch.num_rows
+                if hi > lo:
+                    yield batch.slice(lo, hi - lo)
+                if position >= shard.stop:
+                    return
     except (pa.ArrowException, OSError) as exc:
         raise JobError(f"{shard.file.path}: cannot read rows {shard.start}-{shard.stop} "
                        f"({one_line(exc)})") from None
+
+
+def _salvage(parquet: pq.ParquetFile, group: int) -> pa.RecordBatch:
+    """A row group the scan could not read whole, column by column: each column that reads on
+    its own, and nulls for those that do not (its rows are error rows whatever they hold)."""
+    schema = parquet.schema_arrow
+    rows = parquet.metadata.row_group(group).num_rows
+    columns = []
+    for field in schema:
+        try:
+            column = parquet.read_row_group(group, columns=[field.name]).column(0)
+            columns.append(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
+        except (pa.ArrowException, OSError):
+            columns.append(pa.nulls(rows, field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def unreadable_row_errors(shard: Shard) -> list[str | None] | None:
+    """Per row of the shard, why it cannot be generated (its row group could not be read), or
+    None where every row reads (the usual case)."""
+    if not shard.file.unreadable_groups:
+        return None
+    errors: list[str | None] = [None] * shard.num_rows
+    unreadable = dict(shard.file.unreadable_groups)
+    start = 0
+    for group, rows in enumerate(shard.file.row_group_rows):
+        if group in unreadable:
+            for row in range(max(start, shard.start), min(start + rows, shard.stop)):
+                errors[row - shard.start] = unreadable[group]
+        start += rows
+    return errors if any(errors) else None
 
 
 def _check_unchanged(shard: Shard) -> None:

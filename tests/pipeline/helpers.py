@@ -38,3 +38,11 @@ def not_utf8(values: list[str | None], bad: int) -> pa.Array:
     raw = bytearray(data.to_pybytes())
     raw[start:start + 2] = b"\xff\xfe"
     return pa.Array.from_buffers(pa.string(), len(values), [validity, offsets, pa.py_buffer(raw)])
+
+
+def corrupt_page(path: Path, group: int, column: int) -> None:
+    """Overwrite the start of a column chunk's first data page (the footer stays intact)."""
+    chunk = pq.ParquetFile(path).metadata.row_group(group).column(column)
+    data = bytearray(path.read_bytes())
+    data[chunk.data_page_offset:chunk.data_page_offset + 40] = b"\xab" * 40
+    path.write_bytes(bytes(data))

@@ -21,7 +21,13 @@ from pipeline.job import build_engine, run_job
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
-from tests.pipeline.helpers import hidden_files, not_utf8, read_parts, write_parquet
+from tests.pipeline.helpers import (
+    corrupt_page,
+    hidden_files,
+    not_utf8,
+    read_parts,
+    write_parquet,
+)
 
 PROMPTS = ["Paris is the capital of", "The quick brown fox", "To bake bread, mix"]
 
@@ -39,6 +45,35 @@ def _greedy(engine: Engine, prompt: str, max_tokens: int = 5) -> list[int]:
     ids = tuple(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     [done] = engine.generate([GenerationRequest("x", ids, SamplingParams(max_tokens=max_tokens))])
     return list(done.token_ids)
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_rows_of_a_row_group_that_cannot_be_read_are_error_rows_and_the_rest_generate(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine, with_ids: bool) -> None:
+    """A corrupt page (the footer intact): the rows of its row group come back as error rows
+    naming the file and rows, with what of them can still be read; the job goes on."""
+    prompts = [f"{p} {i}" for i in range(4) for p in PROMPTS]  # 12 rows, 3 groups of 4
+    columns: dict[str, Any] = {"prompt": prompts, "n": list(range(12))}
+    if with_ids:
+        columns = {"id": [f"r{i}" for i in range(12)], **columns}
+    path = write_parquet(tmp_path / "in" / "x.parquet", columns, row_group_size=4)
+    reference = tmp_path / "reference"
+    run_job(_config(tmp_path, tiny_model_dir, output_dir=str(reference), shard_rows=3),
+            lambda _: tiny_engine, progress=False)
+    corrupt_page(path, group=1, column=list(columns).index("prompt"))  # rows 4-7's prompts
+    summary = run_job(_config(tmp_path, tiny_model_dir, shard_rows=3), lambda _: tiny_engine,
+                      progress=False)
+    assert (summary.totals.rows, summary.totals.errors, summary.complete) == (12, 4, True)
+    got, want = read_parts(tmp_path / "out").to_pylist(), read_parts(reference).to_pylist()
+    ids = [f"r{i}" for i in range(12)] if with_ids else [f"x:{i}" for i in range(12)]
+    assert [r["id"] for r in got] == ids
+    for i, (row, good) in enumerate(zip(got, want, strict=True)):
+        if 4 <= i < 8:
+            assert (row["finish_reason"], row["prompt"], row["n"], row["completion"]) == (
+                "error", None, i, None)  # n reads on its own; the prompt does not
+            assert row["error"].startswith(f"{path}: cannot read row group 1 (rows 4-7): ")
+        else:
+            assert row == good
 
 
 def test_a_prompt_or_stop_string_that_is_not_utf8_fails_only_its_row(

@@ -6,12 +6,11 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import JobConfig, JobError
 from pipeline.sources import open_inputs, plan_inputs, plan_shards, resolve_input, scan_inputs
-from tests.pipeline.helpers import write_parquet
+from tests.pipeline.helpers import corrupt_page, write_parquet
 
 
 def _config(input_path: Path | str, **kw: object) -> JobConfig:
@@ -91,15 +90,30 @@ def test_truncated_file_names_the_file(tmp_path: Path) -> None:
         open_inputs(_config(tmp_path))
 
 
-def test_corrupt_data_page_is_found_before_generation(tmp_path: Path) -> None:
+def test_a_corrupt_data_page_is_found_before_generation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its row group's rows will be error rows; the job goes on with the others."""
     path = write_parquet(tmp_path / "c.parquet", _prompts(1000), row_group_size=250)
-    column = pq.ParquetFile(path).metadata.row_group(2).column(1)
-    data = bytearray(path.read_bytes())
-    data[column.data_page_offset:column.data_page_offset + 40] = b"\xab" * 40
-    path.write_bytes(bytes(data))
+    corrupt_page(path, group=2, column=1)  # the prompts of rows 500-749
     config = _config(path)
     files, _, has_id = open_inputs(config)  # the footer is intact
-    with pytest.raises(JobError, match=rf"^{path}: cannot read row group 2 \(rows 500-749\): "):
+    [scanned] = scan_inputs(files, config, has_id)
+    [(group, message)] = scanned.unreadable_groups
+    assert group == 2 and message.startswith(f"{path}: cannot read row group 2 (rows 500-749): ")
+    assert message.isprintable()
+    assert capsys.readouterr().err == f"{message}; its 250 rows will be error rows\n"
+    assert (scanned.path, scanned.size, scanned.row_group_rows) == (
+        files[0].path, files[0].size, files[0].row_group_rows)
+
+
+def test_a_corrupt_page_of_the_ids_stops_the_job_before_generation(tmp_path: Path) -> None:
+    """Rows without their ids could not be written as the rows they are."""
+    path = write_parquet(tmp_path / "c.parquet", _prompts(1000), row_group_size=250)
+    corrupt_page(path, group=1, column=0)
+    config = _config(path)
+    files, _, has_id = open_inputs(config)
+    with pytest.raises(JobError, match=rf"^{path}: cannot read row group 1 \(rows 250-499\): "
+                                       r".*, its id column 'id' included$"):
         scan_inputs(files, config, has_id)
 
 
