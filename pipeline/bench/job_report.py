@@ -87,7 +87,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
                 _error_reasons(directory, shards), _shard_table(shards, committed),
                 _plot_links(drawn)]
     path = out / REPORT_FILE
-    path.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
+    path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
     return path
 
 
@@ -215,8 +215,9 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
         f"{len(manifest.inputs)} input file(s)",
     ]
     if manifest.runs:
-        lines.append(f"- {md.plural(len(manifest.runs), 'run')} (the first start and every "
-                     f"resume): " + "; ".join(_run(r) for r in manifest.runs[:_MAX_RUNS])
+        what = "its start and every resume" if len(manifest.runs) > 1 else "started"
+        lines.append(f"- {md.plural(len(manifest.runs), 'run')} ({what}): "
+                     + "; ".join(_run(r) for r in manifest.runs[:_MAX_RUNS])
                      + ("; ..." if len(manifest.runs) > _MAX_RUNS else ""))
     pending = [s for s in range(manifest.num_shards) if s not in shards]
     if pending and not done:
@@ -317,17 +318,17 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
             unread.append(shard)
             continue
         reasons.update(e for e in column.to_pylist() if e is not None)
-    lines = ["## Error rows by message", ""]
+    parts = ["## Error rows by message"]
     if reasons:
         top = reasons.most_common(_MAX_REASONS)
-        lines.append(md.table(["error rows", "error"],
+        parts.append(md.table(["error rows", "error"],
                               [[f"{n:,}", "`" + _one_line(e) + "`"] for e, n in top]))
         if len(reasons) > len(top):
-            lines.append(f"\n({len(reasons) - len(top)} other messages not listed)")
+            parts.append(f"({len(reasons) - len(top)} other messages not listed)")
     if unread:
-        lines.append(f"\nThe part files of shard(s) {', '.join(map(str, unread[:20]))} could "
-                     "not be read for their messages.")
-    return "\n".join(lines)
+        parts.append(f"The part files of shard(s) {', '.join(map(str, unread[:20]))} could not "
+                     "be read for their messages.")
+    return "\n\n".join(parts)
 
 
 _MAX_REASONS = 10

@@ -46,7 +46,7 @@ def test_report_of_a_finished_job_with_a_drafter(
     assert "| acceptance rate |" in report
     assert "## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n" in report
     assert "\n| 1 | `" in report and "prompt is empty" in report
-    assert "shards not committed yet" not in report and "- 1 run (" in report
+    assert "shards not committed yet" not in report and "- 1 run (started): " in report
     for shard in range(3):
         assert f"\n| {shard} | " in report
     for name in PLOTS.values():
@@ -88,8 +88,9 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "- 2 of 5 shards committed; not complete" in report
     clock = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])) for r in runs]
-    assert (f"- 2 runs (the first start and every resume): {clock[0]} (local); {clock[1]} (ray, "
+    assert (f"- 2 runs (its start and every resume): {clock[0]} (local); {clock[1]} (ray, "
             "2 workers)") in report
+    assert "\n\n\n" not in report
     assert "- shards not committed yet: 2, 3, 4 (rerun the job's command to finish them)" \
         in report
     # shards 0 and 1 generated for 4 s each, one after the other: 300 tokens in 8 s
