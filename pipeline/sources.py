@@ -44,6 +44,13 @@ class InputFile:
     def fingerprint(self) -> dict[str, Any]:
         return {"path": os.path.abspath(self.path), "size": self.size, "mtime_ns": self.mtime_ns}
 
+    def row_groups(self) -> Iterator[tuple[int, int, int]]:
+        """(row group, its first row, its rows), in file order."""
+        start = 0
+        for group, rows in enumerate(self.row_group_rows):
+            yield group, start, rows
+            start += rows
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -59,6 +66,11 @@ class Shard:
     @property
     def part_name(self) -> str:
         return part_name(self.shard_id)
+
+    def row_groups(self) -> list[tuple[int, int, int]]:
+        """The file's row groups (group, first row, rows) that hold some of the shard's rows."""
+        return [(group, start, rows) for group, start, rows in self.file.row_groups()
+                if start < self.stop and start + rows > self.start]
 
 
 def part_name(shard_id: int) -> str:
@@ -161,7 +173,7 @@ def scan_inputs(files: list[InputFile], config: JobConfig, has_id: bool) -> list
     for f in files:
         parquet = pq.ParquetFile(f.path)
         unreadable = []
-        for group, start, rows in _groups(f):
+        for group, start, rows in f.row_groups():
             try:
                 group_hashes = _scan_group(parquet, f, group, start, config, has_id, None)
             except _Unreadable as exc:
@@ -201,14 +213,6 @@ def _unreadable_message(f: InputFile, group: int, start: int, rows: int, reason:
     return f"{f.path}: cannot read row group {group} (rows {start}-{start + rows - 1}): {reason}"
 
 
-def _groups(f: InputFile) -> Iterator[tuple[int, int, int]]:
-    """(row group, its first row, its rows) of a file."""
-    start = 0
-    for group, rows in enumerate(f.row_group_rows):
-        yield group, start, rows
-        start += rows
-
-
 def _scan_group(parquet: pq.ParquetFile, f: InputFile, group: int, start: int,
                 config: JobConfig, has_id: bool, columns: list[str] | None) -> array[int]:
     """Read one row group (`columns`, or all of them), a batch at a time; the hashes of its ids."""
@@ -244,7 +248,7 @@ def _iter_file(f: InputFile,
     """(row offset, batch) over a whole file, one row group at a time, so that a read error can
     name the file and the rows of the row group it is in."""
     parquet = pq.ParquetFile(f.path)
-    for group, start, rows in _groups(f):
+    for group, start, rows in f.row_groups():
         offset = start
         try:
             for batch in _read_group(parquet, group, columns):

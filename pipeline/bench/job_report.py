@@ -71,8 +71,9 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     committed = {sid: _committed_at(directory, sid) for sid in shards}
     totals = total(shards.values())
     runs = manifest.runs if manifest is not None else []
+    spans = _spans(shards, committed)
     drawn = {
-        "throughput": _throughput_plot(shards, committed, runs, out / PLOTS["throughput"]),
+        "throughput": _throughput_plot(shards, spans, runs, out / PLOTS["throughput"]),
         "acceptance": plot_acceptance({"all shards": totals}, out / PLOTS["acceptance"]),
         "errors": plot_bars([str(s) for s in shards], [shards[s].errors for s in shards],
                             out / PLOTS["errors"], "Rows with finish_reason 'error' per shard",
@@ -81,8 +82,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     drop_undrawn(out, PLOTS, drawn)
     done = os.path.exists(os.path.join(directory, SUCCESS_FILE))
     k = manifest.config.get("num_speculative_tokens") if manifest is not None else None
-    busy = (busy_seconds([(t - shards[s].wall_seconds, t) for s, t in committed.items()
-                          if t is not None]) if _all_known(committed) else None)
+    busy = None if spans is None else busy_seconds(list(spans.values()))
     sections = [_header(directory, manifest, shards, done), _totals(totals, busy, k),
                 _error_reasons(directory, shards), _shard_table(shards, committed),
                 _plot_links(drawn)]
@@ -138,14 +138,21 @@ def _committed_at(directory: str, shard_id: int) -> float | None:
         return None
 
 
-def _throughput_plot(shards: dict[int, Counts], committed: dict[int, float | None],
+def _spans(shards: dict[int, Counts], committed: dict[int, float | None]
+           ) -> dict[int, tuple[float, float]] | None:
+    """Each shard's (start, commit) in Unix time, or None unless every commit time is known."""
+    if not committed or any(t is None for t in committed.values()):
+        return None
+    return {s: (t - shards[s].wall_seconds, t) for s, t in committed.items() if t is not None}
+
+
+def _throughput_plot(shards: dict[int, Counts], shard_spans: dict[int, tuple[float, float]] | None,
                      runs: list[dict[str, Any]], path: Path) -> Any:
     rates = {s: c.derived()["output_tokens_per_s"] for s, c in shards.items()}
-    if not _all_known(committed):
+    if shard_spans is None:
         return plot_over_time([[(float(s), rates[s] or 0.0) for s in shards]], path,
                               "Output tokens/s per shard", "shard", "output tokens/s")
-    spans = [(t - shards[s].wall_seconds, t, rates[s] or 0.0)
-             for s, t in committed.items() if t is not None]
+    spans = [(begun, ended, rates[s] or 0.0) for s, (begun, ended) in shard_spans.items()]
     starts = sorted(float(r["started"]) for r in runs if isinstance(r.get("started"),
                                                                      (int, float)))
     origin = min(span[0] for span in spans)
@@ -188,10 +195,6 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
             busy += end - max(start, reach)
             reach = end
     return busy
-
-
-def _all_known(committed: dict[int, float | None]) -> bool:
-    return bool(committed) and all(t is not None for t in committed.values())
 
 
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],

@@ -20,21 +20,13 @@ def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.Recor
     Only the row groups that overlap the shard are read. Example: row groups of 4 rows and a shard
     of rows 6-10 read row groups 1 (rows 4-8) and 2 (rows 8-12), drop rows 4-5 and stop after row 9.
     """
-    groups: list[int] = []
-    first_row = 0  # file row index of the first row of groups[0]
-    group_start = 0
-    for index, rows in enumerate(shard.file.row_group_rows):
-        if group_start < shard.stop and group_start + rows > shard.start:
-            if not groups:
-                first_row = group_start
-            groups.append(index)
-        group_start += rows
-    position = first_row
+    groups = shard.row_groups()
+    position = groups[0][1] if groups else 0  # file row index of the first row read
     _check_unchanged(shard)
     unreadable = dict(shard.file.unreadable_groups)
     try:
         parquet = pq.ParquetFile(shard.file.path)
-        for group in groups:
+        for group, _, _ in groups:
             batches = (iter([_salvage(parquet, group)]) if group in unreadable
                        else parquet.iter_batches(batch_rows, row_groups=[group]))
             for batch in batches:
@@ -72,12 +64,10 @@ def unreadable_row_errors(shard: Shard) -> list[str | None] | None:
         return None
     errors: list[str | None] = [None] * shard.num_rows
     unreadable = dict(shard.file.unreadable_groups)
-    start = 0
-    for group, rows in enumerate(shard.file.row_group_rows):
+    for group, start, rows in shard.row_groups():
         if group in unreadable:
             for row in range(max(start, shard.start), min(start + rows, shard.stop)):
                 errors[row - shard.start] = unreadable[group]
-        start += rows
     return errors if any(errors) else None
 
 

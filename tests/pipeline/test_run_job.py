@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -92,14 +93,20 @@ def test_every_row_once_in_input_order_matching_the_engine(
     assert capsys.readouterr().out.startswith("done: 8 rows (1 errors), ")
 
 
+def _finished_job(tmp_path: Path, model_dir: Path, engine: Engine
+                  ) -> tuple[JobConfig, Path, pa.Table]:
+    """The job over _inputs run to the end: its config, OUTPUT_DIR and rows."""
+    _inputs(tmp_path)
+    config = _config(tmp_path, model_dir)
+    run_job(config, _factory(engine), progress=False)
+    out = tmp_path / "out"
+    return config, out, read_parts(out)
+
+
 def test_resume_regenerates_only_the_missing_shard(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
         capsys: pytest.CaptureFixture[str]) -> None:
-    _inputs(tmp_path)
-    config = _config(tmp_path, tiny_model_dir)
-    run_job(config, _factory(tiny_engine), progress=False)
-    out = tmp_path / "out"
-    before = read_parts(out)
+    config, out, before = _finished_job(tmp_path, tiny_model_dir, tiny_engine)
     mtimes = {n: os.stat(out / n).st_mtime_ns for n in os.listdir(out) if n.startswith("part-")}
     (out / "part-00001.parquet").unlink()
     manifest = json.loads((out / "manifest.json").read_text())
@@ -120,11 +127,7 @@ def test_resume_regenerates_only_the_missing_shard(
 def test_a_damaged_part_file_of_a_finished_job_is_generated_again(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
         capsys: pytest.CaptureFixture[str]) -> None:
-    _inputs(tmp_path)
-    config = _config(tmp_path, tiny_model_dir)
-    run_job(config, _factory(tiny_engine), progress=False)
-    out = tmp_path / "out"
-    before = read_parts(out)
+    config, out, before = _finished_job(tmp_path, tiny_model_dir, tiny_engine)
     part = out / "part-00003.parquet"
     part.write_bytes(part.read_bytes()[:100])
     capsys.readouterr()
