@@ -7,8 +7,9 @@ pytorch_model.bin holding:
     midlayer.*              the single layer of a one-layer EAGLE-3 checkpoint (= layers.0.*)
     layers.0.input_layernorm / hidden_norm   EAGLE-3's norms of the embedding and the feature
     norm.weight, lm_head.weight [draft_vocab, H], d2t [draft_vocab]   (EAGLE-3)
-Keys may carry a "model." prefix; embed_tokens and t2d are ignored (the embedding is the
-target's; t2d is only needed for training).
+Keys may carry a "model." prefix; embed_tokens is ignored (the embedding is the target's), and
+so is t2d, except in a checkpoint that has no d2t: its d2t is then read off t2d (a mask over the
+target's vocabulary marking the draft tokens, in draft-token order).
 
 The speculators layout (config.json with `speculators_model_type`, read by vLLM) is read too:
 its Llama fields sit under `transformer_layer_config`, the EAGLE fields (draft_vocab_size,
@@ -59,6 +60,8 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
     if raw.get("speculators_model_type") == "eagle":
         tensors = _from_speculators_eagle(tensors)
     style = _style(tensors, target_config, path)
+    if "d2t" not in tensors and "t2d" in tensors:
+        tensors["d2t"] = _d2t_from_t2d(tensors, target_config.vocab_size, path)
     state = _rename(tensors, style)
     config = _llama_config(raw | _attention_from_weights(state), path / "config.json")
     if "speculators_model_type" in raw:  # its layer config may be the verifier's whole config
@@ -223,6 +226,24 @@ def _style(tensors: dict[str, torch.Tensor], target: PretrainedConfig, path: Pat
                                "(EAGLE-1) or [H, 3H] (EAGLE-3)")
 
 
+def _d2t_from_t2d(tensors: dict[str, torch.Tensor], target_vocab: int, path: Path
+                  ) -> torch.Tensor:
+    """d2t (target id = draft id + d2t[draft id]) from t2d, the mask of target ids in the draft
+    vocabulary: the i-th marked target id is draft token i."""
+    t2d = tensors["t2d"]
+    if t2d.dim() != 1 or len(t2d) != target_vocab:
+        raise DrafterMismatchError(f"drafter {path}: t2d has shape {tuple(t2d.shape)}; expected "
+                                   f"[{target_vocab}] (one flag per target token) to derive d2t, "
+                                   "which the checkpoint lacks")
+    target_ids = t2d.bool().nonzero().flatten()
+    head = tensors.get("lm_head.weight")
+    if head is not None and len(target_ids) != head.shape[0]:
+        raise DrafterMismatchError(f"drafter {path}: t2d marks {len(target_ids)} target tokens "
+                                   f"but lm_head.weight has {head.shape[0]} rows (one per draft "
+                                   "token); d2t, which the checkpoint lacks, cannot be derived")
+    return target_ids - torch.arange(len(target_ids))
+
+
 def _rename(tensors: dict[str, torch.Tensor], style: str) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
@@ -263,7 +284,11 @@ def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: s
         if draft_vocab is None:
             raise DrafterMismatchError(f"drafter {path}: EAGLE-3 checkpoint without lm_head.weight")
         if d2t is None and draft_vocab != target.vocab_size:
-            raise mismatch("draft vocabulary (no d2t)", draft_vocab, target.vocab_size)
+            raise mismatch("draft vocabulary (no d2t or t2d)", draft_vocab, target.vocab_size)
+        if d2t is not None and tuple(d2t.shape) != (draft_vocab,):
+            raise DrafterMismatchError(
+                f"drafter {path}: d2t has shape {tuple(d2t.shape)} but lm_head.weight has "
+                f"{draft_vocab} rows (expected one d2t entry per draft token)")
         if d2t is not None:
             mapped = torch.arange(len(d2t)) + d2t
             bad = ((mapped < 0) | (mapped >= target.vocab_size)).nonzero().flatten()

@@ -122,6 +122,57 @@ def test_a_d2t_that_maps_outside_the_target_vocabulary_is_refused_at_load(
                               "token(s) map outside it)")
 
 
+def test_an_eagle3_checkpoint_with_t2d_and_no_d2t_drafts_as_with_its_d2t(
+        tiny_model_dir: Path, prompts: list[list[int]], baseline: dict[str, Completion],
+        tmp_path: Path) -> None:
+    """t2d marks the draft vocabulary's target ids; the loader derives d2t from it."""
+    from safetensors.torch import load_file, save_file
+
+    with_d2t = make_random_drafter(tiny_model_dir, tmp_path / "d2t", num_layers=2,
+                                   style="eagle3", draft_vocab_size=40, aux_layer_ids=(0, 1, 1))
+    tensors = load_file(str(with_d2t / "model.safetensors"))
+    t2d = torch.zeros(256, dtype=torch.bool)
+    t2d[torch.arange(40) + tensors["d2t"]] = True
+    only_t2d = tmp_path / "t2d"
+    only_t2d.mkdir()
+    (only_t2d / "config.json").write_text((with_d2t / "config.json").read_text())
+    save_file({**{k: v for k, v in tensors.items() if k != "d2t"}, "t2d": t2d},
+              str(only_t2d / "model.safetensors"))
+    outs = [run(tiny_model_dir, prompts, kv_cache_memory=1 << 20, drafter=str(d))[1]
+            for d in (with_d2t, only_t2d)]
+    for out in outs:
+        assert {k: c.token_ids for k, c in out.items()} == \
+            {k: c.token_ids for k, c in baseline.items()}
+    drafted = [[(c.num_drafted, c.num_accepted) for c in out.values()] for out in outs]
+    assert drafted[0] == drafted[1] and sum(a for _, a in drafted[0]) > 0
+
+    t2d[(~t2d).nonzero()[0]] = True  # 41 marked
+    save_file({**{k: v for k, v in tensors.items() if k != "d2t"}, "t2d": t2d},
+              str(only_t2d / "model.safetensors"))
+    with pytest.raises(DrafterMismatchError) as err:
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(only_t2d)))
+    assert str(err.value) == (f"drafter {only_t2d}: t2d marks 41 target tokens but "
+                              "lm_head.weight has 40 rows (one per draft token); d2t, which the "
+                              "checkpoint lacks, cannot be derived")
+
+
+def test_a_d2t_of_another_length_than_the_draft_head_is_refused(tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "short", num_layers=1,
+                                  style="eagle3", draft_vocab_size=40)
+    tensors = load_file(str(drafter / "model.safetensors"))
+    tensors["d2t"] = tensors["d2t"][:39].clone()
+    save_file(tensors, str(drafter / "model.safetensors"))
+    with pytest.raises(DrafterMismatchError) as err:
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(drafter)))
+    assert str(err.value) == (f"drafter {drafter}: d2t has shape (39,) but lm_head.weight has 40 "
+                              "rows (expected one d2t entry per draft token)")
+
+
 def test_every_draft_layer_gets_the_same_metadata_object_each_step(
         tiny_model_dir: Path, prompts: list[list[int]], tmp_path: Path) -> None:
     drafter = make_random_drafter(tiny_model_dir, tmp_path / "three", num_layers=3)
