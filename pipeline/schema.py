@@ -48,8 +48,10 @@ OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 
 
 def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | None) -> pa.Schema:
-    """The schema of every part file written for inputs of `input_schema`."""
-    fields = list(input_schema)
+    """The schema of every part file written for inputs of `input_schema`. The input columns
+    keep their types but may hold nulls (a row group that could not be read gives them null;
+    input files may differ in whether a column is nullable)."""
+    fields = [field.with_nullable(True) for field in input_schema]
     if generated_id_column is not None:
         fields.insert(0, pa.field(generated_id_column, pa.string()))
     if n > 1:
@@ -110,8 +112,9 @@ _OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "top_k": "an integer", "seed
 
 
 def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:
-    """How `schema` differs from `first` in columns and types (metadata aside), or None."""
-    if schema.equals(first, check_metadata=False):
+    """How `schema` differs from `first` in columns and types (metadata and nullability aside),
+    or None."""
+    if _nullable(schema).equals(_nullable(first), check_metadata=False):
         return None
     if (twice := repeated_name(schema.names)) is not None:
         return f"two columns named {twice!r}"
@@ -124,9 +127,11 @@ def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:
         mine, theirs = schema.field(name), first.field(name)
         if mine.type != theirs.type:
             return f"column {name!r} is {mine.type}, not {theirs.type}"
-        if mine.nullable != theirs.nullable:
-            return f"column {name!r} is {'' if mine.nullable else 'not '}nullable"
     return f"the columns are in another order ({', '.join(schema.names)})"
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([field.with_nullable(True) for field in schema])
 
 
 def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:

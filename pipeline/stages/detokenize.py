@@ -7,18 +7,23 @@ from typing import Any
 
 from runtime.request import Completion
 
+_PARTIAL = "\ufffd"  # what a decoder gives for bytes that do not complete a character
+
 
 def detokenize(completions: Sequence[Completion], tokenizer: Any) -> list[str]:
     """One string per completion, decoded in one batched call.
 
     The engine keeps the tokens that produced a stop string in token_ids; the text is cut at the
-    stop string's first occurrence (the stop string itself is not part of the completion).
+    stop string's first occurrence (the stop string itself is not part of the completion). A
+    completion that ends inside a character (cut by max_tokens between the bytes of one UTF-8
+    sequence) loses the replacement characters that the partial bytes decode to; its
+    completion_token_ids keep every token.
     """
     if not completions:
         return []
     texts = tokenizer.batch_decode([list(c.token_ids) for c in completions],
                                    skip_special_tokens=True)
-    return [cut_at_stop(str(text), c.stop_string)
+    return [cut_at_stop(str(text).rstrip(_PARTIAL), c.stop_string)
             for text, c in zip(texts, completions, strict=True)]
 
 

@@ -125,6 +125,35 @@ def test_files_whose_schemas_differ_are_refused_naming_the_column(
     assert not (tmp_path / "out").exists()
 
 
+def test_files_that_differ_only_in_nullability_run_as_one_job(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """Spark writes columns without nulls as required, pandas as optional; a job may get both.
+    Every part file gets the same schema (input columns nullable: a row group that cannot be read
+    gives its columns nulls, which a required column could not hold)."""
+    required = pa.schema([pa.field("id", pa.string(), nullable=False),
+                          pa.field("prompt", pa.string(), nullable=False)])
+    prompts = [f"{p} {i}" for i in range(2) for p in PROMPTS]  # 6 rows
+    spark = write_parquet(tmp_path / "in" / "a.parquet",
+                          {"id": [f"a{i}" for i in range(6)], "prompt": prompts},
+                          row_group_size=2, schema=required)
+    write_parquet(tmp_path / "in" / "b.parquet", {"id": ["b0"], "prompt": prompts[:1]})
+    corrupt_page(spark, group=1, column=1)  # the prompts of a2 and a3
+    summary = run_job(_config(tmp_path, tiny_model_dir), lambda _: tiny_engine, progress=False)
+    assert (summary.totals.rows, summary.totals.errors, summary.complete) == (7, 2, True)
+    schemas = {pq.read_schema(p) for p in sorted((tmp_path / "out").glob("part-*.parquet"))}
+    assert len(schemas) == 1
+    [schema] = schemas
+    assert (schema.field("id").nullable, schema.field("prompt").nullable) == (True, True)
+    rows = read_parts(tmp_path / "out").to_pylist()
+    assert [(r["id"], r["finish_reason"]) for r in rows] == [
+        ("a0", "length"), ("a1", "length"), ("a2", "error"), ("a3", "error"), ("a4", "length"),
+        ("a5", "length"), ("b0", "length")]
+    assert (rows[2]["prompt"], rows[3]["prompt"]) == (None, None)
+    assert rows[2]["error"].startswith(f"{spark}: cannot read row group 1 (rows 2-3): ")
+    assert rows[6]["completion_token_ids"] == rows[0]["completion_token_ids"] \
+        == _greedy(tiny_engine, prompts[0])
+
+
 def test_an_output_dir_holding_the_input_is_refused_and_nothing_is_deleted(
         tmp_path: Path, tiny_model_dir: Path) -> None:
     both = tmp_path / "in"
