@@ -9,40 +9,57 @@ from pathlib import Path
 import click
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from pipeline.config import one_line
 from runtime.config import DEFAULT_MODEL
 from runtime.loader import load_model_config, resolve_model
-from runtime.speculative.train_job import TrainDrafterJob, load_init_drafter, run_train_drafter
+from runtime.speculative.train_job import (
+    TrainDrafterJob,
+    TrainingInterrupted,
+    load_init_drafter,
+    run_train_drafter,
+)
 from runtime.speculative.training import TrainConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
 
 def parse_duration(text: str) -> float:
-    """'45m' -> 2700.0, '1.5h' -> 5400.0, '90' or '90s' -> 90.0 seconds."""
+    """'45m' -> 2700.0, '1.5h' -> 5400.0, '90' or '90s' -> 90.0 seconds (more than 0)."""
     match = _DURATION.match(text)
     if match is None:
-        raise click.BadParameter(f"cannot read duration {text!r}; use e.g. 45m, 2h or 600s")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+        raise click.BadParameter(f"cannot read duration {text!r}; use e.g. 45m, 2h or 600s",
+                                 param_hint="--time-budget")
+    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if seconds <= 0:
+        raise click.BadParameter(f"{text!r} leaves no time to train; give more than 0",
+                                 param_hint="--time-budget")
+    return seconds
 
 
-def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def read_prompts(path: Path, limit: int | None = None, option: str = "--prompts"
+                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(ids, prompts) from a Parquet file with a `prompt` column (and `id`, else row numbers)."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise click.BadParameter(f"{path}: cannot read it as Parquet "
-                                 f"({one_line(exc)})") from None
+                                 f"({one_line(exc)})", param_hint=option) from None
     if "prompt" not in table.schema.names:
-        raise click.BadParameter(f"{path} has no 'prompt' column")
+        raise click.BadParameter(f"{path} has no 'prompt' column", param_hint=option)
+    kind = table.schema.field("prompt").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_null(kind)):
+        raise click.BadParameter(f"{path}: column 'prompt' is {kind}, not string",
+                                 param_hint=option)
     prompts = table.column("prompt").to_pylist()
     ids = ([str(i) for i in table.column("id").to_pylist()] if "id" in table.schema.names
            else [str(i) for i in range(len(prompts))])
     keep = [i for i, p in enumerate(prompts) if isinstance(p, str) and p.strip()][:limit]
     if not keep:
         raise click.BadParameter(f"{path} has no prompt to train on (rows: {len(prompts)}; "
-                                 "null and blank prompts are left out)")
+                                 "null and blank prompts are left out)", param_hint=option)
     return tuple(ids[i] for i in keep), tuple(prompts[i] for i in keep)
 
 
@@ -53,7 +70,10 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
               dir_okay=False, path_type=Path), help="Parquet file of training prompts (column "
               "'prompt'); the target answers them itself.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output directory: the drafter checkpoint, its model card, data and state.")
+              help="Output directory: the drafter checkpoint, its model card, data and state. "
+                   "Answers and features already in OUT/data (e.g. a copy of an earlier run's) "
+                   "are kept and trained on, if the same target made them; a drafter already "
+                   "in OUT is not overwritten.")
 @click.option("--layers", default=2, show_default=True, type=click.IntRange(1),
               help="Decoder layers of the drafter (initialised from the target's last layers).")
 @click.option("--style", default="eagle1", show_default=True,
@@ -75,7 +95,8 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
               help="Optimizer steps to train (give this, --time-budget, or both).")
 @click.option("--time-budget", default=None, help="Training time, e.g. 45m (with or instead of "
               "--max-steps; training stops at whichever comes first).")
-@click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt and OUT/data.")
+@click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt (saved every 50 "
+              "steps or 5 minutes, and on Ctrl-C) and OUT/data.")
 @click.option("--max-answer-tokens", default=128, show_default=True, type=click.IntRange(1),
               help="Longest answer the target generates per training prompt.")
 @click.option("--max-train-prompts", default=None, type=click.IntRange(1),
@@ -113,6 +134,9 @@ def read_prompts(path: Path, limit: int | None = None) -> tuple[tuple[str, ...],
                    "(EAGLE-1 uses 0.1; larger values favour acceptance over feature fit).")
 @click.option("--bf16-autocast/--no-bf16-autocast", default=False, show_default=True,
               help="Train under bf16 autocast (faster on CPUs with AMX/AVX512-BF16).")
+@click.option("--threads", default=None, type=click.IntRange(1),
+              help="torch CPU threads (default: torch's choice). On a busy machine fewer "
+                   "threads than cores is often much faster.")
 @click.option("--eval-prompts", default=None, type=click.Path(exists=True, dir_okay=False,
               path_type=Path), help="Held-out Parquet prompts to measure acceptance on at the end.")
 @click.option("--num-eval", default=32, show_default=True, type=click.IntRange(1),
@@ -129,11 +153,14 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                   feature_dtype: str | None,
                   init_drafter: Path | None, lr: float,
                   warmup_steps: int, batch_tokens: int, token_loss_weight: float,
-                  bf16_autocast: bool,
+                  bf16_autocast: bool, threads: int | None,
                   eval_prompts: Path | None, num_eval: int, eval_max_tokens: int) -> None:
     """Train an EAGLE drafter for MODEL on its own answers to PROMPTS; write it to OUT."""
     if max_steps is None and time_budget is None:
         raise click.UsageError("give --max-steps or --time-budget")
+    budget_s = parse_duration(time_budget) if time_budget is not None else None
+    if threads is not None:
+        torch.set_num_threads(threads)
     if init_drafter is not None:
         try:
             load_init_drafter(init_drafter, style, layers,
@@ -141,10 +168,11 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
         except (ValueError, FileNotFoundError) as e:
             raise click.BadParameter(str(e), param_hint="--init-drafter") from e
     ids, prompts = read_prompts(prompts_path, max_train_prompts)
-    evals = read_prompts(eval_prompts, num_eval)[1] if eval_prompts is not None else ()
+    evals = (read_prompts(eval_prompts, num_eval, "--eval-prompts")[1]
+             if eval_prompts is not None else ())
     train = TrainConfig(num_steps=unroll or num_speculative_tokens, lr=lr,
                         warmup_steps=warmup_steps, max_steps=max_steps,
-                        time_budget_s=parse_duration(time_budget) if time_budget else None,
+                        time_budget_s=budget_s,
                         batch_tokens=batch_tokens, autocast_bf16=bf16_autocast,
                         ce_weight=token_loss_weight)
     try:
@@ -161,6 +189,15 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
     except (ValueError, FileNotFoundError, FileExistsError) as exc:  # the inputs, not the code
         click.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(2)
+    except TrainingInterrupted as stop:
+        click.echo(f"\n{stop}; its checkpoint is saved in {out_dir / 'checkpoint.pt'}: rerun the "
+                   "same command with --resume to continue", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted; the answers and features made so far are kept in "
+                   f"{out_dir / 'data'}: rerun the same command with --resume to continue",
+                   err=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ Two stages, each resumable, both under DATA_DIR:
    (cu_seqlens), loss_start [S] (offset of the first answer token inside each sequence).
    A shard is written to a temp name and renamed, so a present shard is complete.
 
+source.json records what made the data: the target (its name and a digest of its config and
+weights) and the features' layers, checked by every later run (answers and features of another
+target, or features of other layers, do not fit), and each run that added answers, with its options.
+
 Features: EAGLE-1 uses the final hidden state (after the final norm); EAGLE-3 the concat of the
 residual streams entering the three aux layers. They come from the Hugging Face model
 (hidden_states[i] = the stream entering layer i, hidden_states[-1] = after the final norm).
@@ -20,6 +24,7 @@ residual streams entering the three aux layers. They come from the Hugging Face 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -32,9 +37,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from runtime.config import EngineConfig, SamplingParams
+from runtime.loader import weight_files
 from runtime.request import GenerationRequest
 
 ANSWERS = "answers.jsonl"
+SOURCE = "source.json"
 
 
 class PackedShard(NamedTuple):
@@ -201,3 +208,63 @@ def build_feature_shards(model_dir: Path, data_dir: Path, layers: tuple[int, ...
             if progress is not None:
                 progress.update(len(chunks[i]))
     return paths
+
+
+def target_digest(model_dir: Path) -> str:
+    """A digest of the target's config.json and weights (each weight file's name, size, first and
+    last MiB): cheap, and it tells apart two checkpoints of one shape with other weights."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for f in weight_files(model_dir):
+        size = f.stat().st_size
+        digest.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as handle:
+            digest.update(handle.read(1 << 20))
+            handle.seek(max(0, size - (1 << 20)))
+            digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def read_source(data_dir: Path) -> dict[str, Any] | None:
+    path = data_dir / SOURCE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        raise ValueError(f"{path}: cannot read it as JSON; remove {data_dir} to make the data "
+                         "again") from None
+
+
+def check_source(data_dir: Path, model: str, digest: str, layers: tuple[int, ...]) -> None:
+    """Refuse data that another target made, or features of other layers, before any work."""
+    source = read_source(data_dir)
+    if source is None:  # no data yet, or data of a version that did not record its source
+        return
+    made_by = source.get("target", {})
+    if made_by.get("digest") != digest:
+        raise ValueError(f"{data_dir} holds answers and features of another target "
+                         f"({made_by.get('model')!r}, other config or weights) than --model "
+                         f"{model!r}; they do not fit it: choose another --out, or remove "
+                         f"{data_dir}")
+    if tuple(source.get("feature_layers", layers)) != layers and _has_features(data_dir):
+        raise ValueError(f"{data_dir} holds features of the target's hidden states "
+                         f"{tuple(source['feature_layers'])}, but this drafter needs "
+                         f"{layers} (another --style); choose another --out, or remove the "
+                         f"features-*.safetensors files in {data_dir}")
+
+
+def record_source(data_dir: Path, model: str, digest: str, layers: tuple[int, ...],
+                  answers_run: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Write source.json (with `answers_run` appended to its runs, if given); return the runs
+    recorded before this one."""
+    source = read_source(data_dir) or {}
+    earlier = list(source.get("runs", []))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    updated = {"target": {"model": model, "digest": digest}, "feature_layers": list(layers),
+               "runs": earlier + ([answers_run] if answers_run else [])}
+    tmp = data_dir / f".{SOURCE}.tmp"
+    tmp.write_text(json.dumps(updated, indent=2) + "\n")
+    os.replace(tmp, data_dir / SOURCE)
+    return earlier
+
+
+def _has_features(data_dir: Path) -> bool:
+    return any(data_dir.glob("features-*.safetensors"))

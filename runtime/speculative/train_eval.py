@@ -66,43 +66,62 @@ def evaluate(model: str, drafter: Path, prompts: Sequence[str], k: int, max_toke
 
 def write_model_card(job: TrainDrafterJob, num_sequences: int, num_answer_tokens: int,
                      steps: int, wall_s: float, log: list[dict[str, float]],
-                     result: EvalResult | None, train_s: float = 0.0, kept: int = 0) -> Path:
+                     result: EvalResult | None, train_s: float = 0.0, kept: int = 0,
+                     draft_vocab: int | None = None,
+                     earlier_runs: Sequence[dict[str, Any]] = ()) -> Path:
     """kept: answers in the data directory that this job's plan does not name (made by an
-    earlier run with other samples, and trained on too)."""
+    earlier run with other samples, and trained on too), described by `earlier_runs` (the runs
+    data/source.json recorded before this one)."""
     last = log[-20:]
     acc = {key: sum(r[key] for r in last) / len(last)
            for key in (last[0] if last else {}) if key.startswith("acc")}
     measured = (result.summary() if result is not None else "not evaluated (no --eval-prompts)")
+    token_loss = (f"token-loss weight {job.train.ce_weight}, " if job.style == "eagle1" else "")
+    recent = ("no steps" if not last else "the last step" if len(last) == 1
+              else f"last {len(last)} steps")
     card = f"""# EAGLE drafter for `{job.model}`
 
 Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter <this dir>`.
 
 - Target: `{job.model}` (its embedding is shared, not stored here)
-- Draft head: {head_line(job)}
-- Style: {job.style}, {job.num_layers} decoder layers, trained with k = {job.train.num_steps}
-  unrolled draft steps; weights stored as {job.save_dtype}
+- Draft head: {head_line(job, draft_vocab)}
+- Style: {job.style}, {plural(job.num_layers, "decoder layer")}, trained with k =
+  {job.train.num_steps} unrolled draft steps; weights stored as {job.save_dtype}
 - Data: {num_sequences} answers ({num_answer_tokens} tokens) that the target generated itself with
   our engine (chat template, at most {job.max_answer_tokens} tokens, target in {job.data_dtype}) for
-  the prompts in `{job.prompts_source}`: {answers_line(job, kept)}; features from one teacher-forced
-  pass of the target ({job.feature_dtype or job.data_dtype}) over prompt + answer
+  the prompts in `{job.prompts_source}`: {answers_line(job, kept, earlier_runs)}; features
+  from one teacher-forced pass of the target ({job.feature_dtype or job.data_dtype}) over
+  prompt + answer
 - Initialisation: {init_line(job)}
 - Training: {steps} steps ({train_s / 60:.1f} min of training in all runs), AdamW lr
   {job.train.lr}, warm-up {job.train.warmup_steps} steps then cosine,
   {job.train.batch_tokens} padded tokens per batch, grad clip {job.train.grad_clip},
-  token-loss weight {job.train.ce_weight}, step decay {job.train.step_decay}
+  {token_loss}step decay {job.train.step_decay}
 - Wall time of this run of the job: {wall_s / 60:.1f} min
-- Training accuracy (last 20 steps, per unrolled step): {json.dumps(
+- Training accuracy ({recent}, per unrolled step): {json.dumps(
         {k: round(v, 3) for k, v in acc.items()})}
-- Measured (greedy, k = {job.num_speculative_tokens}, fp32, max {job.eval_max_tokens} tokens):
+- Measured (greedy, k = {job.num_speculative_tokens}, fp32, max {job.eval_max_tokens} tokens; the
+  drafter alone: every step drafts k tokens, at every batch size, with no confidence cut and no
+  lookup drafts, as `generate --draft-confidence 0 --no-draft-ngram --draft-max-batch 0
+  --no-draft-int8` runs it; `generate`'s defaults draft less):
   {measured}
 """
     path = job.out_dir / "README.md"
     path.write_text(card)
-    (job.out_dir / "train_log.json").write_text(json.dumps(_thin(log)) + "\n")
     return path
 
 
-def answers_line(job: TrainDrafterJob, kept: int = 0) -> str:
+def write_train_log(out_dir: Path, log: list[dict[str, float]]) -> None:
+    """train_log.json: the loss and accuracy of (up to 200 evenly spaced) steps of every run."""
+    (out_dir / "train_log.json").write_text(json.dumps(_thin(log)) + "\n")
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def answers_line(job: TrainDrafterJob, kept: int = 0,
+                 earlier_runs: Sequence[dict[str, Any]] = ()) -> str:
     line = "its greedy answer to each"
     if job.answer_samples:
         line += f" and {job.answer_samples} sampled at temperature {job.answer_temperature}"
@@ -112,6 +131,11 @@ def answers_line(job: TrainDrafterJob, kept: int = 0) -> str:
                      else f" (samples #{job.first_sample}-#{last})")
     if kept:
         line += f", besides {kept} answers an earlier run left in the data directory"
+        made = sorted({(r.get("max_answer_tokens"), r.get("data_dtype")) for r in earlier_runs
+                       if r.get("max_answer_tokens")}, key=str)
+        if made:
+            line += " (made " + " / ".join(f"with at most {m} tokens in {d}"
+                                           for m, d in made) + ")"
     return line
 
 
@@ -121,12 +145,12 @@ def init_line(job: TrainDrafterJob) -> str:
     return "draft layers copied from the target's last layers" if job.init_from_target else "random"
 
 
-def head_line(job: TrainDrafterJob) -> str:
+def head_line(job: TrainDrafterJob, draft_vocab: int | None = None) -> str:
     if job.style == "eagle1" and job.draft_head_size:
         return (f"its own, the target's LM head rows of the {job.draft_head_size} most frequent "
                 "answer tokens, with d2t mapping draft ids to target ids")
     if job.style == "eagle3":
-        size = job.draft_vocab_size or "min(8192, vocab)"
+        size = draft_vocab or job.draft_vocab_size
         return f"its own norm + head over a draft vocabulary of the {size} most frequent tokens"
     return "the target's whole LM head (shared)"
 

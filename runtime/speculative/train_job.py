@@ -37,12 +37,20 @@ from runtime.speculative.train_data import (
     ANSWERS,
     answer_plan,
     build_feature_shards,
+    check_source,
     feature_layers,
     generate_answers,
     read_answers,
     read_shard,
+    record_source,
+    target_digest,
 )
-from runtime.speculative.train_eval import EvalResult, evaluate, write_model_card
+from runtime.speculative.train_eval import (
+    EvalResult,
+    evaluate,
+    write_model_card,
+    write_train_log,
+)
 from runtime.speculative.training import DrafterTrainer, TrainConfig, collate, make_batches
 
 
@@ -78,16 +86,25 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     model_dir = resolve_model(job.model)
     target_config = load_model_config(model_dir)
     data_dir = job.out_dir / "data"
-    if not job.resume and (job.out_dir / "checkpoint.pt").exists():
+    ckpt = job.out_dir / "checkpoint.pt"
+    # every check before hours of answers, not after
+    if not job.resume and ckpt.exists():
         raise FileExistsError(f"{job.out_dir} holds a training checkpoint; pass --resume")
-    if job.resume and (job.out_dir / "checkpoint.pt").exists():  # before hours of answers
-        check_resumable(job.out_dir / "checkpoint.pt", job)
-    vocab_size = target_config.vocab_size
-    if job.draft_vocab_size is not None and job.draft_vocab_size > vocab_size:
-        raise ValueError(f"--draft-vocab-size {job.draft_vocab_size} is larger than the target's "
-                         f"vocabulary ({vocab_size} tokens)")
-    if job.init_drafter is not None:  # before hours of answers, not after
+    drafter_files = [n for n in ("config.json", "model.safetensors")
+                     if (job.out_dir / n).exists()]
+    if drafter_files and not ckpt.exists():
+        raise FileExistsError(f"{job.out_dir} holds a drafter ({', '.join(drafter_files)}) that "
+                              "this job would replace; choose another --out, or remove them")
+    if job.resume and ckpt.exists():
+        check_resumable(ckpt, job)
+    check_options(job, target_config)
+    if job.init_drafter is not None:
         load_init_drafter(job.init_drafter, job.style, job.num_layers, target_config)
+    aux = train_aux_layer_ids(target_config.num_hidden_layers)
+    layers = feature_layers(job.style, aux)
+    digest = target_digest(model_dir)
+    check_source(data_dir, job.model, digest, layers)
+    answers_before = len(read_answers(data_dir / ANSWERS))
     engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
                                  max_model_len=min(2048, target_config.max_position_embeddings))
     planned = {a for a, _, _ in answer_plan(job.prompt_ids, job.answer_samples,
@@ -97,10 +114,11 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
         generate_answers(engine_config, job.prompt_ids, job.prompts, data_dir,
                          job.max_answer_tokens, bar, job.answer_samples, job.answer_temperature,
                          job.first_sample)
-    aux = train_aux_layer_ids(target_config.num_hidden_layers)
     rows = read_answers(data_dir / ANSWERS)
+    added = len(rows) - answers_before
+    earlier_runs = record_source(data_dir, job.model, digest, layers, answers_run(job, added))
     with tqdm(total=len(rows), desc="features", unit="seq") as bar:
-        shards = build_feature_shards(model_dir, data_dir, feature_layers(job.style, aux),
+        shards = build_feature_shards(model_dir, data_dir, layers,
                                       dtype=getattr(torch, job.feature_dtype or job.data_dtype),
                                       progress=bar)
     target = load_target(model_dir, target_config)
@@ -108,7 +126,6 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     drafter = build_drafter(target, job, vocab)
     trainer = DrafterTrainer(drafter, job.train, loss_vocab=vocab,
                              t2d=t2d_of(vocab, target_config.vocab_size))
-    ckpt = job.out_dir / "checkpoint.pt"
     if job.resume and ckpt.exists():
         try:
             trainer.load_state(torch.load(ckpt, weights_only=False))
@@ -117,7 +134,11 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                              f"describe ({' '.join(str(exc).split())[:300]})") from None
     earlier = job.out_dir / "train_log.json"
     log = json.loads(earlier.read_text()) if job.resume and earlier.exists() else []
-    log += train_loop(trainer, shards, ckpt)
+    try:
+        log += train_loop(trainer, shards, ckpt)
+    except TrainingInterrupted as stop:
+        write_train_log(job.out_dir, log + stop.log)
+        raise
     head: dict[str, torch.Tensor] = {}
     if job.style == "eagle1" and job.draft_head_size:
         head = draft_head(target, frequent_tokens(rows, job.draft_head_size))
@@ -134,8 +155,46 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
         print(result.summary())
     write_model_card(job, len(rows), sum(len(r["answer_ids"]) for r in rows), trainer.step,
                      time.time() - started, log, result, trainer.elapsed_s,
-                     kept=sum(r["id"] not in planned for r in rows))
+                     kept=sum(r["id"] not in planned for r in rows), draft_vocab=len(vocab),
+                     earlier_runs=earlier_runs)
+    write_train_log(job.out_dir, log)
     return result
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C (SIGINT) during training; the checkpoint of the step reached is saved."""
+
+    def __init__(self, step: int, log: list[dict[str, float]]) -> None:
+        super().__init__(f"interrupted at step {step}")
+        self.step, self.log = step, log
+
+
+def check_options(job: TrainDrafterJob, target_config: Any) -> None:
+    """Options that do not fit the target or each other (ValueError naming the option)."""
+    vocab_size = target_config.vocab_size
+    for option, size in (("--draft-vocab-size", job.draft_vocab_size),
+                         ("--draft-head-size", job.draft_head_size)):
+        if size is not None and size > vocab_size:
+            raise ValueError(f"{option} {size} is larger than the target's vocabulary "
+                             f"({vocab_size} tokens)")
+    if job.draft_head_size is not None and job.style != "eagle1":
+        raise ValueError("--draft-head-size is for --style eagle1; an EAGLE-3 drafter has its "
+                         "own head over its draft vocabulary (--draft-vocab-size)")
+    target_layers = target_config.num_hidden_layers
+    if job.init_drafter is None and job.init_from_target and job.num_layers > target_layers:
+        raise ValueError(f"--layers {job.num_layers} is more than the target's {target_layers} "
+                         "layers (the drafter's layers start as copies of the target's last "
+                         "ones)")
+
+
+def answers_run(job: TrainDrafterJob, added: int) -> dict[str, Any] | None:
+    """This run's entry in data/source.json, where it added answers."""
+    if not added:
+        return None
+    return {"prompts": job.prompts_source, "answers": added,
+            "max_answer_tokens": job.max_answer_tokens, "data_dtype": job.data_dtype,
+            "answer_samples": job.answer_samples, "first_sample": job.first_sample,
+            "answer_temperature": job.answer_temperature if job.answer_samples else None}
 
 
 def train_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -263,12 +322,28 @@ def t2d_of(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def train_loop(trainer: DrafterTrainer, shards: list[Path], ckpt: Path,
-               every: int = 50) -> list[dict[str, float]]:
+               every: int = 50, every_s: float = 300.0) -> list[dict[str, float]]:
     """Epochs over the shards until the step/time budget is spent; data order depends only on
-    (seed, epoch), so a resumed run skips the batches it already trained on."""
+    (seed, epoch), so a resumed run skips the batches it already trained on. A checkpoint is
+    saved every `every` steps or `every_s` seconds, at the end, and on Ctrl-C (then
+    TrainingInterrupted is raised)."""
     log: list[dict[str, float]] = []
-    seen = 0
     bar = tqdm(initial=trainer.step, total=trainer.config.max_steps, desc="train", unit="step")
+    try:
+        _train_epochs(trainer, shards, ckpt, every, every_s, bar, log)
+    except KeyboardInterrupt:
+        bar.close()
+        save_checkpoint(trainer, ckpt)
+        raise TrainingInterrupted(trainer.step, log) from None
+    bar.close()
+    save_checkpoint(trainer, ckpt)
+    return log
+
+
+def _train_epochs(trainer: DrafterTrainer, shards: list[Path], ckpt: Path, every: int,
+                  every_s: float, bar: tqdm, log: list[dict[str, float]]) -> None:
+    seen = 0
+    saved = time.monotonic()
     epoch = 0
     while not trainer.done():
         g = torch.Generator().manual_seed(trainer.config.seed * 1000 + epoch)
@@ -284,16 +359,14 @@ def train_loop(trainer: DrafterTrainer, shards: list[Path], ckpt: Path,
                 bar.update(1)
                 log.append({"step": trainer.step, "loss": m.loss, "s": trainer.elapsed_s,
                             **{f"acc{j}": a for j, a in enumerate(m.accuracy)}})
-                if trainer.step % every == 0 or trainer.done():
+                if trainer.step % every == 0 or time.monotonic() - saved > every_s:
                     save_checkpoint(trainer, ckpt)
+                    saved = time.monotonic()
                 if trainer.done():
                     break
             if trainer.done():
                 break
         epoch += 1
-    bar.close()
-    save_checkpoint(trainer, ckpt)
-    return log
 
 
 def save_checkpoint(trainer: DrafterTrainer, path: Path) -> None:

@@ -1,0 +1,180 @@
+"""What train-drafter refuses before any work (data of another target, a drafter it would
+replace, options that do not fit), and Ctrl-C during training: the step reached is saved and
+--resume ends with the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from jobs.cli import main
+from runtime.speculative.train_job import TrainDrafterJob, TrainingInterrupted, run_train_drafter
+from runtime.speculative.training import DrafterTrainer, TrainConfig
+from tests.fixtures import make_tiny_checkpoint
+
+PROMPTS = ("Hello there", "What is two plus two?", "Name a colour.")
+
+
+def _job(model_dir: Path, out: Path, **overrides: object) -> TrainDrafterJob:
+    job = TrainDrafterJob(model=str(model_dir), prompt_ids=("a", "b", "c"), prompts=PROMPTS,
+                          out_dir=out, train=TrainConfig(max_steps=2, batch_tokens=128),
+                          max_answer_tokens=8, data_dtype="float32", save_dtype="float32")
+    return dataclasses.replace(job, **overrides)  # type: ignore[arg-type]
+
+
+def test_data_of_another_target_or_other_features_is_refused_before_any_work(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out))
+    source = json.loads((out / "data" / "source.json").read_text())
+    assert source["feature_layers"] == [-1]
+    assert source["runs"] == [{"prompts": "", "answers": 3, "max_answer_tokens": 8,
+                               "data_dtype": "float32", "answer_samples": 0, "first_sample": 1,
+                               "answer_temperature": None}]
+    # the same shape, other weights: only the digest tells them apart
+    other = make_tiny_checkpoint(tmp_path / "other", seed=1)
+    moved = tmp_path / "moved"
+    shutil.copytree(out / "data", moved / "data")
+    answers = (moved / "data" / "answers.jsonl").read_text()
+    for job in (_job(other, out, resume=True), _job(other, moved)):
+        with pytest.raises(ValueError) as err:
+            run_train_drafter(job)
+        data = job.out_dir / "data"
+        assert str(err.value) == (
+            f"{data} holds answers and features of another target ({str(tiny_model_dir)!r}, "
+            f"other config or weights) than --model {str(other)!r}; they do not fit it: choose "
+            f"another --out, or remove {data}")
+    assert (moved / "data" / "answers.jsonl").read_text() == answers  # nothing was added
+    with pytest.raises(ValueError) as err:
+        run_train_drafter(_job(tiny_model_dir, moved, style="eagle3"))
+    assert str(err.value) == (
+        f"{moved / 'data'} holds features of the target's hidden states (-1,), but this drafter "
+        f"needs (0, 1, 1) (another --style); choose another --out, or remove the "
+        f"features-*.safetensors files in {moved / 'data'}")
+    # the same target under another name (a copy of its directory) is the same target
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)
+    run_train_drafter(_job(copy, moved))
+    assert (moved / "data" / "answers.jsonl").read_text() == answers
+
+
+def test_an_out_holding_a_drafter_without_checkpoint_is_not_overwritten(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    run_train_drafter(_job(tiny_model_dir, first))
+    (first / "checkpoint.pt").unlink()  # a drafter as shipped: no training state beside it
+    before = (first / "model.safetensors").read_bytes()
+    for job in (_job(tiny_model_dir, first), _job(tiny_model_dir, first, init_drafter=first)):
+        with pytest.raises(FileExistsError) as err:
+            run_train_drafter(job)
+        assert str(err.value) == (f"{first} holds a drafter (config.json, model.safetensors) "
+                                  "that this job would replace; choose another --out, or remove "
+                                  "them")
+    assert (first / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"draft_head_size": 300}, "--draft-head-size 300 is larger than the target's vocabulary "
+                               "(256 tokens)"),
+    ({"draft_head_size": 20, "style": "eagle3"},
+     "--draft-head-size is for --style eagle1; an EAGLE-3 drafter has its own head over its "
+     "draft vocabulary (--draft-vocab-size)"),
+    ({"num_layers": 3}, "--layers 3 is more than the target's 2 layers (the drafter's layers "
+                        "start as copies of the target's last ones)"),
+])
+def test_options_that_do_not_fit_the_target_are_refused_before_any_work(
+        tiny_model_dir: Path, tmp_path: Path, overrides: dict, message: str) -> None:
+    out = tmp_path / "d"
+    with pytest.raises(ValueError) as err:
+        run_train_drafter(_job(tiny_model_dir, out, **overrides))
+    assert str(err.value) == message
+    assert not out.exists()
+
+
+def test_ctrl_c_in_training_saves_the_step_and_resume_ends_as_an_uninterrupted_run(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    train = TrainConfig(max_steps=5, batch_tokens=64, lr=3e-3, warmup_steps=1)
+    whole = tmp_path / "whole"
+    run_train_drafter(_job(tiny_model_dir, whole, train=train))
+    cut = tmp_path / "cut"
+    shutil.copytree(whole / "data", cut / "data")  # the same answers and features
+    real_step = DrafterTrainer.train_step
+
+    def interrupted_at_3(self: DrafterTrainer, batch: object) -> object:
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return real_step(self, batch)
+
+    monkeypatch.setattr(DrafterTrainer, "train_step", interrupted_at_3)
+    with pytest.raises(TrainingInterrupted, match="^interrupted at step 3$"):
+        run_train_drafter(_job(tiny_model_dir, cut, train=train))
+    assert torch.load(cut / "checkpoint.pt", weights_only=False)["step"] == 3
+    assert [r["step"] for r in json.loads((cut / "train_log.json").read_text())] == [1, 2, 3]
+    assert not (cut / "model.safetensors").exists()
+    monkeypatch.setattr(DrafterTrainer, "train_step", real_step)
+    run_train_drafter(_job(tiny_model_dir, cut, train=train, resume=True))
+    assert [r["step"] for r in json.loads((cut / "train_log.json").read_text())] == [1, 2, 3, 4, 5]
+    mine, theirs = (load_file(str(d / "model.safetensors")) for d in (cut, whole))
+    assert mine.keys() == theirs.keys()
+    for name, tensor in mine.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+def test_cli_ctrl_c_names_the_checkpoint_and_how_to_resume(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt": list(PROMPTS)}), prompts)
+
+    def stop(self: DrafterTrainer, batch: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DrafterTrainer, "train_step", stop)
+    out = tmp_path / "d"
+    result = CliRunner().invoke(main, ["train-drafter", "--model", str(tiny_model_dir),
+                                       "--prompts", str(prompts), "--out", str(out),
+                                       "--max-steps", "3", "--max-answer-tokens", "4"])
+    assert result.exit_code == 130, result.output
+    assert result.stderr.endswith(
+        f"\ninterrupted at step 0; its checkpoint is saved in {out / 'checkpoint.pt'}: rerun the "
+        "same command with --resume to continue\n")
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 0
+
+
+def test_cli_refuses_a_prompt_column_of_numbers_and_a_zero_time_budget(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"prompt": [1, 2]}), numbers)
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"prompt": list(PROMPTS)}), good)
+    base = ["train-drafter", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, [*base, "--prompts", str(numbers), "--max-steps", "1"])
+    assert result.exit_code == 2
+    assert (f"Invalid value for --prompts: {numbers}: column 'prompt' is int64, not string"
+            in " ".join(result.output.split()))
+    for budget in ("0m", "0"):
+        result = CliRunner().invoke(main, [*base, "--prompts", str(good), "--time-budget",
+                                           budget])
+        assert result.exit_code == 2
+        assert (f"Invalid value for --time-budget: '{budget}' leaves no time to train; give "
+                "more than 0" in " ".join(result.output.split()))
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_model_card_counts_what_ran(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out, style="eagle3", num_layers=1))
+    card = " ".join((out / "README.md").read_text().split())
+    vocab = len(load_file(str(out / "model.safetensors"))["d2t"])
+    assert "Style: eagle3, 1 decoder layer, trained with k = 3 unrolled draft steps" in card
+    assert f"a draft vocabulary of the {vocab} most frequent tokens" in card
+    assert "token-loss weight" not in card  # EAGLE-1's alone
+    assert "Training accuracy (last 2 steps, per unrolled step)" in card
