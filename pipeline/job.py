@@ -222,10 +222,11 @@ def _prepare_output_dir(config: JobConfig, manifest: Manifest) -> int:
     if manifest.shards:
         print(f"resuming: {len(manifest.shards)} of {manifest.num_shards} shards done",
               file=sys.stderr)
-    run: dict[str, object] = {"started": round(time.time(), 3), "runner": "local"}
-    if config.ray is not None:
-        run |= {"runner": "ray", "workers": config.ray.num_workers}
-    manifest.runs.append(run)
+    if not manifest.complete:  # a rerun of a finished job generates nothing: not a run
+        run: dict[str, object] = {"started": round(time.time(), 3), "runner": "local"}
+        if config.ray is not None:
+            run |= {"runner": "ray", "workers": config.ray.num_workers}
+        manifest.runs.append(run)
     manifest.save(config.output_dir)
     write_stats(config.output_dir, manifest.shards)
     success = os.path.join(config.output_dir, SUCCESS_FILE)

@@ -31,6 +31,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from pipeline.atomic import write_bytes_atomically
+from pipeline.bench.markdown import plural
 from pipeline.config import JobConfig, JobError, RayConfig, one_line
 from pipeline.job import RunShards, build_engine, shard_context
 from pipeline.shard import ShardContext, ShardHooks, run_shard
@@ -63,8 +64,9 @@ def ray_runner(config: JobConfig, plan: InputPlan,
         pool = _WorkerPool(config, plan.has_id_column, engine_factory, resources)
         try:
             pool.start()
-            print(f"ray: {resources.num_workers} workers ({resources.cpus_per_worker:g} CPUs, "
-                  f"{resources.gpus_per_worker:g} GPUs each)", file=sys.stderr)
+            print(f"ray: {plural(resources.num_workers, 'worker')} ("
+                  f"{_amount(resources.cpus_per_worker, 'CPU')}, "
+                  f"{_amount(resources.gpus_per_worker, 'GPU')} each)", file=sys.stderr)
             yield pool.run_shards
         finally:
             pool.close()
@@ -88,9 +90,14 @@ def plan_resources(options: RayConfig, device: str, cluster: dict[str, float],
         per_cpu = float(max(1, min(int(cpus // workers), int(largest_node_cpus))))
     for name, need, have in (("CPU", per_cpu, cpus), ("GPU", per_gpu, gpus)):
         if need * workers > have:
-            raise JobError(f"--num-workers {workers} with {need:g} {name}s each needs "
-                           f"{need * workers:g} {name}s; the Ray cluster has {have:g}")
+            raise JobError(f"--num-workers {workers} with {_amount(need, name)} each needs "
+                           f"{_amount(need * workers, name)}; the Ray cluster has {have:g}")
     return Resources(workers, per_cpu, per_gpu)
+
+
+def _amount(count: float, unit: str) -> str:
+    """'1 CPU', '0.5 GPUs', '2 CPUs'."""
+    return f"{count:g} {unit}" + ("" if count == 1 else "s")
 
 
 @contextmanager
@@ -110,6 +117,11 @@ def _connected(options: RayConfig) -> Iterator[None]:
         else:
             ray.init(address=options.address, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
+        if options.address == "auto":  # Ray's message advises flags of its own CLI
+            raise JobError("--ray-address auto: no Ray cluster found (none in RAY_ADDRESS, none "
+                           "started by `ray start` on this machine); start one with `ray start "
+                           "--head`, give its HOST:PORT, or leave --ray-address out to start a "
+                           "local instance for this job") from None
         where = "a local instance" if options.address is None else repr(options.address)
         raise JobError(f"--ray-address: cannot connect to {where} "
                        f"({one_line(exc)})") from None
@@ -233,7 +245,8 @@ class _WorkerPool:
         for worker in self._workers:
             ray.kill(worker)
         if self._lost:
-            print(f"ray: {self._lost} workers were lost and replaced; their shards were redone",
+            print(f"ray: {plural(self._lost, 'worker')} lost and replaced; "
+                  f"{'its shard was' if self._lost == 1 else 'their shards were'} redone",
                   file=sys.stderr)
 
     def run_shards(self, pending: list[Shard],

@@ -103,9 +103,10 @@ def write_stats(output_dir: str, shards: dict[int, Counts]) -> None:
 
 
 def summary_line(c: Counts, seconds: float) -> str:
-    """One line for the end of a job, e.g. 'done: 200 rows (1 errors), ... 20.0 tokens/s'."""
+    """One line for the end of a job, e.g. 'done: 200 rows (1 error), ... 20.0 tokens/s'."""
     rate = c.completion_tokens / seconds if seconds > 0 else 0.0
-    line = (f"done: {c.rows} rows ({c.errors} errors), {c.prompt_tokens} prompt tokens, "
+    rows, errors = ("row" if c.rows == 1 else "rows"), ("error" if c.errors == 1 else "errors")
+    line = (f"done: {c.rows} {rows} ({c.errors} {errors}), {c.prompt_tokens} prompt tokens, "
             f"{c.completion_tokens} generated tokens in {seconds:.1f} s, {rate:.1f} tokens/s")
     if c.drafted:
         d = c.derived()

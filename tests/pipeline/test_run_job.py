@@ -90,7 +90,7 @@ def test_every_row_once_in_input_order_matching_the_engine(
     assert manifest["totals"]["rows"] == 8 and manifest["totals"]["errors"] == 1
     assert (summary.shards_total, summary.shards_resumed, summary.shards_run) == (5, 0, 5)
     assert summary.totals.completion_tokens == sum(r["completion_tokens"] for r in rows)
-    assert capsys.readouterr().out.startswith("done: 8 rows (1 errors), ")
+    assert capsys.readouterr().out.startswith("done: 8 rows (1 error), ")
 
 
 def _finished_job(tmp_path: Path, model_dir: Path, engine: Engine
@@ -122,6 +122,12 @@ def test_resume_regenerates_only_the_missing_shard(
         if name != "part-00001.parquet":
             assert os.stat(out / name).st_mtime_ns == mtime, name
     assert (out / "_SUCCESS").exists()
+    runs = json.loads((out / "manifest.json").read_text())["runs"]
+    assert [r["runner"] for r in runs] == ["local", "local"]
+    # a rerun of the finished job generates nothing, and is not recorded as a run
+    summary = run_job(config, _factory(tiny_engine), progress=False)
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (5, 0, True)
+    assert json.loads((out / "manifest.json").read_text())["runs"] == runs
 
 
 def test_a_damaged_part_file_of_a_finished_job_is_generated_again(

@@ -35,10 +35,10 @@ def test_gpu_cluster_one_worker_per_gpu_by_default() -> None:
 def test_more_than_the_cluster_has_is_refused() -> None:
     with pytest.raises(JobError) as err:
         plan_resources(RayConfig(num_workers=3), "auto", {"CPU": 2.0}, 2.0)
-    assert str(err.value) == "--num-workers 3 with 1 CPUs each needs 3 CPUs; the Ray cluster has 2"
+    assert str(err.value) == "--num-workers 3 with 1 CPU each needs 3 CPUs; the Ray cluster has 2"
     with pytest.raises(JobError) as err:
         plan_resources(RayConfig(gpus_per_worker=1), "auto", {"CPU": 8.0}, 8.0)
-    assert str(err.value) == "--num-workers 1 with 1 GPUs each needs 1 GPUs; the Ray cluster has 0"
+    assert str(err.value) == "--num-workers 1 with 1 GPU each needs 1 GPU; the Ray cluster has 0"
 
 
 def test_bad_options_are_refused() -> None:

@@ -108,8 +108,8 @@ def test_two_workers_write_what_the_local_runner_writes(
     assert (summary.shards_total, summary.shards_resumed, summary.shards_run,
             summary.complete) == (5, 0, 5, True)
     captured = capsys.readouterr()
-    assert captured.out.startswith("done: 8 rows (1 errors), ")
-    assert "ray: 2 workers (1 CPUs, 0 GPUs each)" in captured.err
+    assert captured.out.startswith("done: 8 rows (1 error), ")
+    assert "ray: 2 workers (1 CPU, 0 GPUs each)" in captured.err
     assert wait_until_gone(pids) == set()  # the job stops its workers
 
 
@@ -134,7 +134,7 @@ def test_a_worker_killed_mid_shard_loses_only_that_shard(
     assert len(pids) in (2, 3) and len(set(pids)) == len(pids)
     err = capsys.readouterr().err
     assert "ray: a worker died with shard 2 in flight" in err
-    assert "ray: 1 workers were lost and replaced; their shards were redone" in err
+    assert "ray: 1 worker lost and replaced; its shard was redone" in err
     assert wait_until_gone(pids) == set()
 
 
