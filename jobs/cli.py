@@ -49,7 +49,7 @@ def main() -> None:
               help="EAGLE drafter checkpoint directory for speculative decoding (EAGLE-1 or "
                    "EAGLE-3, any number of layers; the EAGLE, SGLang and speculators layouts); "
                    "'none' to decode without one; 'auto' uses the model's default drafter when "
-                   "one ships.")
+                   "one ships (the built-in model's), else none.")
 @click.option("--num-speculative-tokens", default=2, show_default=True, type=click.IntRange(1),
               help="Draft tokens proposed per step when a drafter is used (2 measured best for "
                    "the shipped drafter on CPU; see its model card).")
@@ -72,7 +72,9 @@ def main() -> None:
 @click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
               help="Where a request's last 2-4 tokens occurred before in its prompt or output, "
                    "draft the tokens that followed them instead of the drafter's drafts (cheap, "
-                   "often right where answers repeat). Outputs are the same either way.")
+                   "often right where answers repeat); needs a drafter (with --drafter none, "
+                   "or a model without a shipped one under 'auto', nothing is drafted). "
+                   "Outputs are the same either way.")
 @click.option("--draft-ngram-tokens", default=CLI_DRAFT_NGRAM_TOKENS, show_default=True,
               type=click.IntRange(0),
               help="With --draft-ngram, a greedy request alone in its step may take up to this "
@@ -173,7 +175,8 @@ def main() -> None:
                    "sized to this machine, stopped when the job ends].")
 @click.option("--gpus-per-worker", default=None, type=click.FloatRange(0),
               help="GPUs each Ray worker reserves, e.g. 1 or 0.5 [default: 1 when the cluster "
-                   "has GPUs and --device is not cpu, else 0; CPU workers share the CPUs].")
+                   "has GPUs and --device is not cpu, else 0: CPU workers, which split the "
+                   "cluster's CPUs between them, at least one each].")
 def generate(**options: Any) -> None:
     """Generate a completion for every row of INPUT (a Parquet file, a directory of Parquet files
     or a glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json.
@@ -181,7 +184,8 @@ def generate(**options: Any) -> None:
     from pipeline.job import JobInterrupted, rerun_hint, run_job  # `--help` needs no torch
 
     try:
-        run_job(_job_config(options))
+        config = _job_config(options)
+        summary = run_job(config)
     except JobError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)
@@ -192,6 +196,12 @@ def generate(**options: Any) -> None:
         click.echo(f"interrupted; the shards committed so far are kept: "
                    f"{rerun_hint(bool(options.get('overwrite')))}", err=True)
         sys.exit(128 + signal.SIGINT)
+    limit = config.engine.draft_max_batch
+    if (config.engine.drafter and summary.shards_run and not summary.totals.drafted
+            and limit is not None and summary.totals.rows > summary.totals.errors):
+        requests = "1 request" if limit == 1 else f"{limit} requests"
+        click.echo(f"note: nothing was drafted: greedy requests draft only in steps of at most "
+                   f"{requests} (--draft-max-batch; 0 drafts at any batch size)", err=True)
 
 
 def _stop_strings(value: tuple[str, ...]) -> tuple[str, ...]:

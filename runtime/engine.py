@@ -154,7 +154,20 @@ class Engine:
         if n >= self.max_model_len:
             return (f"prompt has {n} tokens; the model's context is {self.max_model_len} "
                     "tokens and at least one must be left to generate")
+        if -(-n // self.placement.block_size) > self.kv_cache_config.num_blocks - 1:
+            # its prompt alone outgrows the cache: failed now, not after preempting the others
+            return self._too_large(n, request.params.max_tokens)
         return None
+
+    def _too_large(self, num_prompt_tokens: int, max_tokens: int) -> str:
+        # what finishing it takes: a slot for every token of the prompt and the completion but
+        # the last, which is never fed (alone in the cache, a request runs without drafts where
+        # they do not fit)
+        tokens = min(num_prompt_tokens + max_tokens, self.max_model_len)
+        need = -(-(tokens - 1) // self.placement.block_size)
+        return (f"request needs up to {need} KV cache blocks of {self.placement.block_size} "
+                f"tokens to finish ({tokens} tokens of prompt and completion) but the whole "
+                f"cache has {self.kv_cache_config.num_blocks - 1}; raise --kv-cache-memory")
 
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
         seq = Sequence(request.request_id, list(request.prompt_token_ids), request.params,
@@ -166,15 +179,7 @@ class Engine:
         """Nothing could be scheduled with nothing running: the head request can never fit."""
         seq = self.scheduler.waiting[0]
         self.scheduler.finish(seq, "error")
-        # what finishing it takes (at least what just failed): a slot for every token of the
-        # prompt and the completion but the last, which is never fed (alone in the cache, a
-        # request runs without drafts where they do not fit)
-        tokens = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
-        need = -(-(tokens - 1) // self.placement.block_size)
-        return _completion(seq, error=(
-            f"request needs up to {need} KV cache blocks of {self.placement.block_size} tokens "
-            f"to finish ({tokens} tokens of prompt and completion) but the whole cache has "
-            f"{self.kv_cache_config.num_blocks - 1}; raise --kv-cache-memory"))
+        return _completion(seq, error=self._too_large(seq.num_prompt_tokens, seq.params.max_tokens))
 
     def _postprocess(self, out: SchedulerOutput, result: RunnerOutput
                      ) -> tuple[list[Completion], int]:

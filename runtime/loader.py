@@ -115,12 +115,15 @@ def load_model_config(model_dir: Path) -> PretrainedConfig:
 
 
 def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """Union of the EOS ids in generation_config.json, config.json and the tokenizer."""
+    """The ids that end a completion: generation_config.json's eos_token_id (what transformers'
+    generate stops on), or config.json's where generation_config.json names none, and the
+    tokenizer's EOS (which vLLM adds too: a chat model's end-of-turn token)."""
     ids: set[int] = set()
     generation_config = Path(model_dir) / "generation_config.json"
     if generation_config.is_file():
         ids |= _as_ids(json.loads(generation_config.read_text()).get("eos_token_id"))
-    ids |= _as_ids(getattr(load_model_config(model_dir), "eos_token_id", None))
+    if not ids:
+        ids |= _as_ids(getattr(load_model_config(model_dir), "eos_token_id", None))
     ids |= _as_ids(tokenizer.eos_token_id)
     return frozenset(ids)
 

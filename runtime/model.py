@@ -25,6 +25,14 @@ from runtime.rope import RotaryEmbedding
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
+def check_activation(config: PretrainedConfig, what: str) -> None:
+    """The MLPs here run SiLU (as every Llama, Qwen2/3 and Mistral checkpoint has); refuse
+    another hidden_act rather than run it as SiLU."""
+    act = getattr(config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"{what}'s hidden_act {act!r} is not supported (supported: silu)")
+
+
 def head_dim_of(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 

@@ -2,7 +2,7 @@
 
 The inverse frequencies (including llama3, linear and yarn scaling) come from transformers'
 ROPE_INIT_FUNCTIONS, so any rope_parameters a checkpoint declares are read the same way it was
-trained with. 'dynamic' scaling depends on the running length and is refused.
+trained with. 'dynamic' and 'longrope' scaling depend on the running length and are refused.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ def rope_parameters(config: PretrainedConfig) -> dict:
 def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
     """([head_dim // 2] float32 inverse frequencies, attention scaling)."""
     rope_type = rope_parameters(config)["rope_type"]
-    if rope_type == "dynamic":
-        raise ValueError("rope_type 'dynamic' is not supported (frequencies change with length)")
+    if rope_type in ("dynamic", "longrope"):  # transformers recomputes these as lengths grow
+        raise ValueError(f"rope_type {rope_type!r} is not supported (its frequencies change with "
+                         "the sequence's length)")
     if rope_type == "default":
         theta = rope_parameters(config).get("rope_theta", getattr(config, "rope_theta", 10000.0))
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim

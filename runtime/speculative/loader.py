@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, PretrainedConfig
 
 from runtime.loader import read_bin_shard, weight_files
-from runtime.model import head_dim_of
+from runtime.model import check_activation, head_dim_of
 
 IGNORED_KEYS = ("embed_tokens.weight", "t2d")
 _SPECULATORS_TOP_FIELDS = ("draft_vocab_size", "norm_before_residual", "target_hidden_size",
@@ -100,6 +100,10 @@ def _llama_config(raw: dict, where: Path) -> LlamaConfig:
     except Exception as exc:  # transformers' validation errors are not all ValueErrors
         raise DrafterMismatchError(f"drafter {where}: not a valid layer config ({exc})") from None
     config.architectures = raw.get("architectures")
+    try:
+        check_activation(config, f"drafter {where}")
+    except ValueError as exc:
+        raise DrafterMismatchError(str(exc)) from None
     return config
 
 

@@ -102,7 +102,7 @@ def test_per_row_overrides_messages_and_error_rows(tmp_path: Path, tiny_model_di
     result = _generate(tiny_model_dir, path, tmp_path / "out", "--messages-column", "msgs",
                        "--max-tokens", "6")
     assert result.exit_code == 0, result.output
-    assert "done: 4 rows (1 errors), " in result.stdout
+    assert "done: 4 rows (1 error), " in result.stdout
     rows = read_parts(tmp_path / "out").to_pylist()
     assert [r["finish_reason"] for r in rows[:3]] == ["length", "error", "length"]
     assert [r["completion_tokens"] for r in rows[:3]] == [1, 0, 3]
@@ -273,6 +273,15 @@ def test_drafter_is_lossless_and_its_acceptance_is_reported(tmp_path: Path,
         assert s["mean_acceptance_length"] >= 1.0
     manifest = json.loads((tmp_path / "spec" / "manifest.json").read_text())
     assert manifest["config"]["drafter"] == str(drafter)
+    assert "note: nothing was drafted" not in plain.stderr + spec.stderr
+    # three requests that run side by side to the end never make a step of one: say why
+    capped = _generate(tiny_model_dir, path, tmp_path / "capped", "--max-tokens", "3",
+                       "--drafter", str(drafter), "--draft-max-batch", "1")
+    assert capped.exit_code == 0, capped.output
+    assert sum(read_parts(tmp_path / "capped").column("num_drafted").to_pylist()) == 0
+    assert capped.stderr.endswith(
+        "note: nothing was drafted: greedy requests draft only in steps of at most 1 request "
+        "(--draft-max-batch; 0 drafts at any batch size)\n")
 
 
 

@@ -302,10 +302,21 @@ def test_request_too_big_for_the_kv_cache_errors(tiny_model_dir: Path,
                 *_requests([PROMPTS[2], PROMPTS[5]], params)]
     completions = _run(engine, requests)
     assert completions["huge"].finish_reason == "error"
-    assert "--kv-cache-memory" in (completions["huge"].error or "")
+    assert completions["huge"].error == (
+        "request needs up to 9 KV cache blocks of 4 tokens to finish (35 tokens of prompt and "
+        "completion) but the whole cache has 5; raise --kv-cache-memory")
+    # its prompt alone outgrows the cache: refused when it arrives
+    assert engine.scheduler.num_preemptions == 0
     for request in requests[1:]:
         assert completions[request.request_id].token_ids == reference.greedy(
             request.prompt_token_ids, 4)
+    # a prompt that fits, whose completion cannot: it fails once it runs alone out of blocks
+    grows = GenerationRequest("grows", PROMPTS[11][:16], SamplingParams(max_tokens=10,
+                                                                       ignore_eos=True))
+    done = _run(engine, [grows])["grows"]
+    assert (done.finish_reason, done.error) == ("error", (
+        "request needs up to 7 KV cache blocks of 4 tokens to finish (26 tokens of prompt and "
+        "completion) but the whole cache has 5; raise --kv-cache-memory"))
 
 
 def test_generate_pulls_requests_lazily(tiny_model_dir: Path) -> None:

@@ -108,14 +108,21 @@ def test_sharded_and_bin_checkpoints_load_identically(tiny_model_dir: Path,
         load_state_dict(tmp_path, torch.float32)
 
 
-def test_eos_token_ids_union(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_eos_token_ids_from_the_generation_config_else_the_config(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
     tokenizer = load_tokenizer(tiny_model_dir)
     assert eos_token_ids(tiny_model_dir, tokenizer) == frozenset({2})
     model_dir = shutil.copytree(tiny_model_dir, tmp_path / "copy")
-    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": 9}))
-    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 7, 9})
+    (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": [9, 11]}))
+    # transformers' generate stops on the generation config's ids alone; the tokenizer's EOS
+    # (2) is added, as vLLM adds it
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7]}))
+    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 7})
+    (model_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 1}))
+    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 9, 11})
+    (model_dir / "generation_config.json").unlink()
+    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 9, 11})
 
 
 def test_tokenizer_round_trip_and_chat_template(tiny_model_dir: Path) -> None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
-from tests.fixtures import make_tiny_tokenizer
+from runtime.speculative.loader import DrafterMismatchError
+from tests.drafter_fixtures import make_random_drafter
+from tests.fixtures import make_tiny_checkpoint, make_tiny_tokenizer
 
 
 def test_llama_with_attention_and_mlp_biases_matches_transformers(tmp_path: Path) -> None:
@@ -109,3 +113,36 @@ def test_qwen2_mixing_full_and_sliding_layers_matches_transformers(tmp_path: Pat
             assert [list(done[str(i)].token_ids) for i in range(len(prompts))] == expected
             if drafter_dir is not None:
                 assert sum(c.num_drafted for c in done.values()) > 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_act": "gelu_pytorch_tanh"},
+     "the model's hidden_act 'gelu_pytorch_tanh' is not supported (supported: silu)"),
+    ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8,
+                       "long_factor": [2.0] * 8, "original_max_position_embeddings": 64}},
+     "rope_type 'longrope' is not supported (its frequencies change with the sequence's length)"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+     "rope_type 'dynamic' is not supported (its frequencies change with the sequence's length)"),
+])
+def test_a_config_the_engine_would_run_differently_is_refused(
+        tmp_path: Path, change: dict, message: str) -> None:
+    """Run as SiLU, or with fixed rope frequencies, these models would give other tokens than
+    transformers without a word."""
+    model_dir = make_tiny_checkpoint(tmp_path / "model")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError) as err:
+        Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20))
+    assert str(err.value) == message
+
+
+def test_a_drafter_with_another_activation_is_refused(tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "gelu", num_layers=1)
+    config = json.loads((drafter / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    with pytest.raises(DrafterMismatchError) as err:
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(drafter)))
+    assert str(err.value) == (f"drafter {drafter / 'config.json'}'s hidden_act 'gelu' is not "
+                              "supported (supported: silu)")
