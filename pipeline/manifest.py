@@ -171,4 +171,8 @@ def _input_change(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str |
             return f"{path} size {before['size']} -> {f['size']} bytes"
         if before["mtime_ns"] != f["mtime_ns"]:
             return f"{path} was modified"
+        footers = before.get("footer"), f.get("footer")  # manifests before 2026-12-06: none
+        if all(footers) and footers[0] != footers[1]:
+            return (f"{path} was rewritten (the same size and modification time, other row "
+                    "groups or column statistics)")
     return None

@@ -7,6 +7,7 @@ globally in input order, and shard k is written to part-{k:05d}.parquet.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 import sys
@@ -36,13 +37,17 @@ class InputFile:
     # row groups the scan could not read whole (a corrupt page): (group, why). Their rows come
     # back as error rows, with the columns that can still be read on their own
     unreadable_groups: tuple[tuple[int, str], ...] = ()
+    # a digest of the Parquet footer (row groups' offsets, sizes and column statistics): tells
+    # a file rewritten with its old size and modification time (`touch -r`) from the original
+    footer: str = ""
 
     @property
     def stem(self) -> str:
         return os.path.splitext(os.path.basename(self.path))[0]
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"path": os.path.abspath(self.path), "size": self.size, "mtime_ns": self.mtime_ns}
+        return {"path": os.path.abspath(self.path), "size": self.size, "mtime_ns": self.mtime_ns,
+                "footer": self.footer}
 
     def row_groups(self) -> Iterator[tuple[int, int, int]]:
         """(row group, its first row, its rows), in file order."""
@@ -141,11 +146,22 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
                            f"every input file must have the same columns and types")
         stat = os.stat(path)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        files.append(InputFile(path, stat.st_size, stat.st_mtime_ns, meta.num_rows, groups))
+        files.append(InputFile(path, stat.st_size, stat.st_mtime_ns, meta.num_rows, groups,
+                               footer=footer_digest(path)))
     assert first_schema is not None
     if not has_id:
         _check_stems_unique(files, config.id_column)
     return files, first_schema, has_id
+
+
+def footer_digest(path: str) -> str:
+    """sha256 (16 hex digits) of the file's Parquet footer, read as bytes (the file's last
+    8 + footer-length bytes; pyarrow has just read them, so they are cached)."""
+    with open(path, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        length = int.from_bytes(f.read(4), "little")
+        f.seek(-8 - length, os.SEEK_END)
+        return hashlib.sha256(f.read(length)).hexdigest()[:16]
 
 
 def plan_shards(files: list[InputFile], shard_rows: int) -> list[Shard]:

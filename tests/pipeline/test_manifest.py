@@ -71,6 +71,7 @@ def test_a_different_job_is_refused_naming_what_changed() -> None:
 @pytest.mark.parametrize(("inputs", "change"), [
     ([INPUTS[0], {**INPUTS[1], "size": 201}], "/data/b.parquet size 200 -> 201 bytes"),
     ([INPUTS[0], {**INPUTS[1], "mtime_ns": 7}], "/data/b.parquet was modified"),
+
     ([INPUTS[0]], "/data/b.parquet is gone"),
     ([*INPUTS, {"path": "/data/c.parquet", "size": 1, "mtime_ns": 1}], "new file /data/c.parquet"),
 ])
@@ -80,6 +81,21 @@ def test_changed_input_is_refused(inputs: list, change: str) -> None:
         check_resumable(m, m.config, inputs, "out")
     assert str(err.value) == (f"the input changed since out was written ({change}); rerun with "
                               f"--overwrite to discard its outputs, or choose another OUTPUT_DIR")
+
+
+def test_a_file_rewritten_with_its_size_and_mtime_is_refused_by_its_footer() -> None:
+    m = _manifest()
+    m.inputs = [{**i, "footer": f"f{n}"} for n, i in enumerate(INPUTS)]
+    same = [dict(i) for i in m.inputs]
+    check_resumable(m, m.config, same, "out")
+    with pytest.raises(JobError) as err:
+        check_resumable(m, m.config, [same[0], {**same[1], "footer": "other"}], "out")
+    assert str(err.value) == (
+        "the input changed since out was written (/data/b.parquet was rewritten (the same size "
+        "and modification time, other row groups or column statistics)); rerun with "
+        "--overwrite to discard its outputs, or choose another OUTPUT_DIR")
+    # a manifest written before footers were recorded resumes
+    check_resumable(_manifest(), m.config, [same[0], {**same[1], "footer": "other"}], "out")
 
 
 def test_clear_outputs_removes_only_the_job_files(tmp_path: Path) -> None:

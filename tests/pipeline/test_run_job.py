@@ -169,6 +169,17 @@ def test_changed_input_is_refused(tmp_path: Path, tiny_model_dir: Path,
     _inputs(tmp_path)
     config = _config(tmp_path, tiny_model_dir)
     run_job(config, _factory(tiny_engine), progress=False)
+    # rewritten with its size and modification time kept (`touch -r`): told by its footer
+    b = tmp_path / "in" / "b.parquet"
+    before = b.stat()
+    write_parquet(b, {"id": [f"b{i}" for i in range(3)],
+                      "prompt": [p.swapcase() for p in PROMPTS_B], "n": list(range(3))})
+    os.utime(b, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (b.stat().st_size, b.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    with pytest.raises(JobError, match=r"\(.*b.parquet was rewritten \(the same size and "
+                                       r"modification time, other row groups or column "
+                                       r"statistics\)\); rerun with --overwrite"):
+        run_job(config, _factory(tiny_engine), progress=False)
     write_parquet(tmp_path / "in" / "b.parquet",
                   {"id": ["b0"], "prompt": ["Berlin is"], "n": [0]})
     with pytest.raises(JobError, match=r"^the input changed since .*out was written \(.*b.parquet "
