@@ -183,6 +183,13 @@ def generate(**options: Any) -> None:
     Rerunning the same command resumes an interrupted job."""
     from pipeline.job import JobInterrupted, rerun_hint, run_job  # `--help` needs no torch
 
+    overwrite = bool(options.get("overwrite"))
+
+    def terminated(signum: int, frame: object) -> None:
+        raise JobInterrupted(signum, overwrite)
+
+    # SIGTERM outside the shards' loop (loading inputs or the model), as Ctrl-C there
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         config = _job_config(options)
         summary = run_job(config)
@@ -192,10 +199,12 @@ def generate(**options: Any) -> None:
     except JobInterrupted as exc:
         click.echo(str(exc), err=True)
         sys.exit(128 + exc.signum)
-    except KeyboardInterrupt:  # Ctrl-C outside the shards' loop (loading inputs or the model)
+    except KeyboardInterrupt:  # Ctrl-C outside the shards' loop
         click.echo(f"interrupted; the shards committed so far are kept: "
-                   f"{rerun_hint(bool(options.get('overwrite')))}", err=True)
+                   f"{rerun_hint(overwrite)}", err=True)
         sys.exit(128 + signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     limit = config.engine.draft_max_batch
     if (config.engine.drafter and summary.shards_run and not summary.totals.drafted
             and limit is not None and summary.totals.rows > summary.totals.errors):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -175,6 +176,7 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                         time_budget_s=budget_s,
                         batch_tokens=batch_tokens, autocast_bf16=bf16_autocast,
                         ce_weight=token_loss_weight)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
     try:
         run_train_drafter(TrainDrafterJob(
             model=model, prompt_ids=ids, prompts=prompts, out_dir=out_dir, train=train,
@@ -198,6 +200,8 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                    f"{out_dir / 'data'}: rerun the same command with --resume to continue",
                    err=True)
         sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -302,3 +302,23 @@ def test_ctrl_c_while_the_job_starts_is_a_message_not_a_traceback(
     hint = ("rerun the same command without --overwrite to resume (with it, the job starts "
             "over)" if overwrite else "rerun the same command to resume")
     assert result.stderr == f"interrupted; the shards committed so far are kept: {hint}\n"
+
+
+def test_sigterm_while_the_job_starts_is_a_message_not_a_kill(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the job's own handlers (reading inputs, loading the model), SIGTERM killed the
+    process without a word; now it says how to resume, and the handler is put back after."""
+    import pipeline.job
+
+    def terminated(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGTERM was not handled")
+
+    monkeypatch.setattr(pipeline.job, "run_job", terminated)
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
+    before = signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(main, ["generate", str(inputs), str(tmp_path / "out")])
+    assert result.exit_code == 128 + signal.SIGTERM
+    assert result.stderr == "interrupted; rerun the same command to resume\n"
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -129,15 +132,18 @@ def test_ctrl_c_in_training_saves_the_step_and_resume_ends_as_an_uninterrupted_r
         assert torch.equal(tensor, theirs[name]), name
 
 
-def test_cli_ctrl_c_names_the_checkpoint_and_how_to_resume(
+def test_cli_sigterm_names_the_checkpoint_and_how_to_resume(
         tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = tmp_path / "p.parquet"
     pq.write_table(pa.table({"prompt": list(PROMPTS)}), prompts)
 
-    def stop(self: DrafterTrainer, batch: object) -> object:
-        raise KeyboardInterrupt
+    def stop(self: DrafterTrainer, batch: object) -> object:  # SIGTERM, handled as Ctrl-C
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGTERM was not handled")
 
     monkeypatch.setattr(DrafterTrainer, "train_step", stop)
+    before = signal.getsignal(signal.SIGTERM)
     out = tmp_path / "d"
     result = CliRunner().invoke(main, ["train-drafter", "--model", str(tiny_model_dir),
                                        "--prompts", str(prompts), "--out", str(out),
@@ -147,6 +153,7 @@ def test_cli_ctrl_c_names_the_checkpoint_and_how_to_resume(
         f"\ninterrupted at step 0; its checkpoint is saved in {out / 'checkpoint.pt'}: rerun the "
         "same command with --resume to continue\n")
     assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 0
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_cli_refuses_a_prompt_column_of_numbers_and_a_zero_time_budget(
