@@ -1,5 +1,5 @@
 """`python -m jobs` runs the eaglebatch command line."""
 
-from jobs.cli import main
+from jobs.launch import main
 
 main()

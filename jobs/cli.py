@@ -184,9 +184,11 @@ def generate(**options: Any) -> None:
     from pipeline.job import JobInterrupted, rerun_hint, run_job  # `--help` needs no torch
 
     overwrite = bool(options.get("overwrite"))
+    received: list[int] = []
 
     def terminated(signum: int, frame: object) -> None:
-        raise JobInterrupted(signum, overwrite)
+        received.append(signum)
+        raise KeyboardInterrupt  # not an Exception, which library code may catch and go on
 
     # SIGTERM outside the shards' loop (loading inputs or the model), as Ctrl-C there
     previous = signal.signal(signal.SIGTERM, terminated)
@@ -199,10 +201,10 @@ def generate(**options: Any) -> None:
     except JobInterrupted as exc:
         click.echo(str(exc), err=True)
         sys.exit(128 + exc.signum)
-    except KeyboardInterrupt:  # Ctrl-C outside the shards' loop
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside the shards' loop
         click.echo(f"interrupted; the shards committed so far are kept: "
                    f"{rerun_hint(overwrite)}", err=True)
-        sys.exit(128 + signal.SIGINT)
+        sys.exit(128 + (received[0] if received else signal.SIGINT))
     finally:
         signal.signal(signal.SIGTERM, previous)
     limit = config.engine.draft_max_batch

@@ -304,6 +304,21 @@ def test_ctrl_c_while_the_job_starts_is_a_message_not_a_traceback(
     assert result.stderr == f"interrupted; the shards committed so far are kept: {hint}\n"
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_command_imports_is_a_message(tmp_path: Path, tiny_model_dir: Path,
+                                                         signum: int) -> None:
+    """The first seconds go to importing torch and transformers, before any command runs."""
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
+    proc = _start(tiny_model_dir, inputs, tmp_path / "out")
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum
+    assert err.decode() == ("interrupted while starting, before anything was done: rerun the "
+                            "same command\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_sigterm_while_the_job_starts_is_a_message_not_a_kill(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before the job's own handlers (reading inputs, loading the model), SIGTERM killed the
@@ -320,5 +335,6 @@ def test_sigterm_while_the_job_starts_is_a_message_not_a_kill(
     before = signal.getsignal(signal.SIGTERM)
     result = CliRunner().invoke(main, ["generate", str(inputs), str(tmp_path / "out")])
     assert result.exit_code == 128 + signal.SIGTERM
-    assert result.stderr == "interrupted; rerun the same command to resume\n"
+    assert result.stderr == ("interrupted; the shards committed so far are kept: rerun the same "
+                             "command to resume\n")
     assert signal.getsignal(signal.SIGTERM) is before
