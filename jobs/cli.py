@@ -199,9 +199,11 @@ def generate(**options: Any) -> None:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)
     except JobInterrupted as exc:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while exiting: no trace
         click.echo(str(exc), err=True)
         sys.exit(128 + exc.signum)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside the shards' loop
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         click.echo(f"interrupted; the shards committed so far are kept: "
                    f"{rerun_hint(overwrite)}", err=True)
         sys.exit(128 + (received[0] if received else signal.SIGINT))

@@ -6,6 +6,7 @@ deselect them locally with `-m "not slow"`.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept() -> Iterator[None]:
+    """The CLI, run in-process, leaves Ctrl-C ignored after an interrupt (as a process about to
+    exit should); each test gets the handlers it started with back."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
 
 
 @pytest.fixture(scope="module")

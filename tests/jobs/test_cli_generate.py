@@ -338,3 +338,5 @@ def test_sigterm_while_the_job_starts_is_a_message_not_a_kill(
     assert result.stderr == ("interrupted; the shards committed so far are kept: rerun the same "
                              "command to resume\n")
     assert signal.getsignal(signal.SIGTERM) is before
+    # a second Ctrl-C while the process exits is ignored (it raised in objects' __del__)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
