@@ -192,6 +192,7 @@ def generate(**options: Any) -> None:
 
     # SIGTERM outside the shards' loop (loading inputs or the model), as Ctrl-C there
     previous = signal.signal(signal.SIGTERM, terminated)
+    exiting = False  # on an interrupt: further signals are ignored while the process exits
     try:
         config = _job_config(options)
         summary = run_job(config)
@@ -199,22 +200,35 @@ def generate(**options: Any) -> None:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)
     except JobInterrupted as exc:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while exiting: no trace
+        exiting = _ignore_signals()  # a second one raised in objects' __del__ or killed it
         click.echo(str(exc), err=True)
         sys.exit(128 + exc.signum)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside the shards' loop
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        exiting = _ignore_signals()
         click.echo(f"interrupted; the shards committed so far are kept: "
                    f"{rerun_hint(overwrite)}", err=True)
         sys.exit(128 + (received[0] if received else signal.SIGINT))
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    limit = config.engine.draft_max_batch
-    if (config.engine.drafter and summary.shards_run and not summary.totals.drafted
-            and limit is not None and summary.totals.rows > summary.totals.errors):
-        requests = "1 request" if limit == 1 else f"{limit} requests"
-        click.echo(f"note: nothing was drafted: greedy requests draft only in steps of at most "
-                   f"{requests} (--draft-max-batch; 0 drafts at any batch size)", err=True)
+        if not exiting:
+            signal.signal(signal.SIGTERM, previous)
+    engine = config.engine
+    if (engine.drafter and summary.shards_run and not summary.totals.drafted
+            and summary.totals.rows > summary.totals.errors):
+        limit = engine.draft_max_batch
+        why = [] if limit is None else [
+            f"greedy requests draft only in steps of at most {limit} "
+            f"request{'' if limit == 1 else 's'} (--draft-max-batch)"]
+        if engine.draft_confidence > 0:
+            why.append(f"a request's drafts stop where the drafter's confidence falls below "
+                       f"{engine.draft_confidence:g} (--draft-confidence)")
+        if why:
+            click.echo(f"note: nothing was drafted: {'; '.join(why)}", err=True)
+
+
+def _ignore_signals() -> bool:
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    return True
 
 
 def _stop_strings(value: tuple[str, ...]) -> tuple[str, ...]:

@@ -19,10 +19,13 @@ torch; EAGLEBATCH_CPU_KERNEL=0 turns the kernels off.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -79,13 +82,30 @@ def _build() -> bool:
 
     name = f"eaglebatch_cpu_{_machine_tag()}"
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-    if not (build_dir / f"{name}.so").exists():
-        print("eaglebatch: compiling the CPU kernels (once per machine, ~15 s)", file=sys.stderr,
-              flush=True)
-    cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES], extra_cflags=_CFLAGS,
-                       extra_ldflags=_LDFLAGS, is_python_module=False, verbose=False)
+    with _build_lock(build_dir):
+        if not (build_dir / f"{name}.so").exists():
+            print("eaglebatch: compiling the CPU kernels (once per machine, ~15 s)",
+                  file=sys.stderr, flush=True)
+        cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES], extra_cflags=_CFLAGS,
+                           extra_ldflags=_LDFLAGS, is_python_module=False, verbose=False)
     _library[:] = [build_dir / f"{name}.so"]
     return all(hasattr(torch.ops.eaglebatch, op) for op in _OPS)
+
+
+@contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold an flock (released by the kernel when its holder dies) over the build. torch marks
+    a build in progress with a `lock` file that a killed builder leaves behind, and every later
+    load then waits for it forever; every eaglebatch process takes this flock first, so a
+    `lock` file found while holding it was left by a builder that died."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".eaglebatch-build.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def kernels_apply(*tensors: torch.Tensor) -> bool:

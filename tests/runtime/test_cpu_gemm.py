@@ -3,8 +3,10 @@ kernel (BLAS outside the packed row range; panel_linear or oneDNN inside it); pa
 do not depend on the other rows of the product; the argmax kernel answers as torch does."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -326,3 +328,19 @@ def test_panel_linear_parts_are_the_columns_of_panel_linear() -> None:
         torch.ops.eaglebatch.panel_linear_parts(x, panels, bias, [100, 100])
     with pytest.raises(RuntimeError, match="panels must be"):
         torch.ops.eaglebatch.panel_linear_parts(x, panels, bias, [64, 64])
+
+
+def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path: Path) -> None:
+    """torch marks a build with a `lock` file; a build killed with SIGKILL left it, and every
+    later load waited for it forever. A copy of this machine's build, with such a file."""
+    library = kernel_library()
+    assert library is not None
+    build = tmp_path / library.parent.name
+    shutil.copytree(library.parent, build)
+    (build / "lock").write_text("")
+    code = "from runtime.cpu_kernels import load_cpu_kernels; print(load_cpu_kernels())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
+    assert not (build / "lock").exists()
