@@ -63,12 +63,12 @@ def main() -> None:
                    "Greedy outputs are the same either way.")
 @click.option("--draft-max-batch", default=None, type=click.IntRange(0),
               show_default=f"{CLI_DRAFT_MAX_BATCH}, or 1 with --q4-panels",
-              help="Greedy requests get no drafts in steps with more than this many requests "
+              help="Requests get no drafts in steps with more than this many requests "
                    "(on the CPU verifying drafts costs more than it saves at larger batches: "
                    "the shipped drafter gains 1.5-1.6x at batch 1, 1.1-1.2x at 4, under 1.0x "
                    "at 16; with --q4-panels 1.2x at batch 1 and 0.9x at 4); such steps skip "
                    "the drafter, which catches up when the batch drains. 0: draft at any "
-                   "batch. Requests that sample always draft. Outputs are the same either way.")
+                   "batch. Outputs are the same either way.")
 @click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
               help="Where a request's last 2-4 tokens occurred before in its prompt or output, "
                    "draft the tokens that followed them instead of the drafter's drafts (cheap, "
@@ -216,7 +216,7 @@ def generate(**options: Any) -> None:
             and summary.totals.rows > summary.totals.errors):
         limit = engine.draft_max_batch
         why = [] if limit is None else [
-            f"greedy requests draft only in steps of at most {limit} "
+            f"requests draft only in steps of at most {limit} "
             f"request{'' if limit == 1 else 's'} (--draft-max-batch)"]
         if engine.draft_confidence > 0:
             why.append(f"a request's drafts stop where the drafter's confidence falls below "

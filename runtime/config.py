@@ -96,12 +96,12 @@ class EngineConfig:
         0 keeps all k. In a step where one greedy request samples alone that last draft is
         verified too (extra rows cost it almost nothing; another draft step does cost: batch 1,
         2 threads, k = 3: 1.50x -> 1.55x). Outputs are the same either way.
-    draft_max_batch: greedy requests get no drafts in a step with more than this many requests
+    draft_max_batch: requests get no drafts in a step with more than this many requests
         sampling (where verifying drafts costs more than it saves); None drafts at any batch.
         Such steps do not run the drafter at all: the target features of their positions are
         kept (one feature vector per token) and the drafter reads them in the next step that
-        drafts, as the batch drains. Greedy outputs are the same either way; requests that
-        sample always draft, so their seeded random draws do not depend on the batch.
+        drafts, as the batch drains. Outputs are the same either way, greedy or seeded (a
+        seeded token is the target's draw at a uniform its seed and place fix).
     draft_int8: on the CPU (with the C++ kernels), run the drafter's float32 products on int8
         copies of its weights (one scale per output): a draft step reads a quarter of the bytes.
         Drafts may differ slightly (runtime.cpu_gemm); outputs are the same either way.

@@ -274,10 +274,10 @@ class EagleProposer:
         return skip or (bool(looked_up) and all(looked_up))
 
     def _skip_drafts(self, out: SchedulerOutput, sampling: list[int]) -> bool:
-        """More requests sample than max_batch, all greedy (their outputs do not depend on
-        drafting; a request that samples always drafts, so its random draws stay the same)."""
-        return (self.max_batch is not None and len(sampling) > self.max_batch
-                and all(out.scheduled[i].seq.params.greedy for i in sampling))
+        """More requests sample than max_batch. Outputs do not depend on drafting: a greedy
+        token is the argmax, a sampled one the target's draw at the uniform its seed and place
+        fix, which a draft must equal to be accepted."""
+        return self.max_batch is not None and len(sampling) > self.max_batch
 
     def _run(self, input_ids: list[int] | torch.Tensor, positions: list[int],
              features: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:

@@ -280,7 +280,7 @@ def test_drafter_is_lossless_and_its_acceptance_is_reported(tmp_path: Path,
     assert capped.exit_code == 0, capped.output
     assert sum(read_parts(tmp_path / "capped").column("num_drafted").to_pylist()) == 0
     assert capped.stderr.endswith(
-        "note: nothing was drafted: greedy requests draft only in steps of at most 1 request "
+        "note: nothing was drafted: requests draft only in steps of at most 1 request "
         "(--draft-max-batch); a request's drafts stop where the drafter's confidence falls below "
         "0.15 (--draft-confidence)\n")
 
