@@ -315,8 +315,10 @@ def test_a_signal_while_the_command_imports_is_a_message(tmp_path: Path, tiny_mo
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum
-    assert err.decode() == ("interrupted while starting, before anything was done: rerun the "
-                            "same command\n")
+    # half a second in, a 2-core machine is still importing; a fast one may be loading the model
+    assert err.decode() in ("interrupted while starting, before anything was done: rerun the "
+                            "same command\n", "interrupted; the shards committed so far are "
+                            "kept: rerun the same command to resume\n")
     assert not (tmp_path / "out").exists()
 
 
