@@ -51,7 +51,7 @@ def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | No
     """The schema of every part file written for inputs of `input_schema`. The input columns
     keep their types but may hold nulls (a row group that could not be read gives them null;
     input files may differ in whether a column is nullable)."""
-    fields = [field.with_nullable(True) for field in input_schema]
+    fields = list(_nullable(input_schema))
     if generated_id_column is not None:
         fields.insert(0, pa.field(generated_id_column, pa.string()))
     if n > 1:

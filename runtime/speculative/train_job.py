@@ -331,12 +331,13 @@ def train_loop(trainer: DrafterTrainer, shards: list[Path], ckpt: Path,
     bar = tqdm(initial=trainer.step, total=trainer.config.max_steps, desc="train", unit="step")
     try:
         _train_epochs(trainer, shards, ckpt, every, every_s, bar, log)
+        interrupted = False
     except KeyboardInterrupt:
-        bar.close()
-        save_checkpoint(trainer, ckpt)
-        raise TrainingInterrupted(trainer.step, log) from None
+        interrupted = True
     bar.close()
     save_checkpoint(trainer, ckpt)
+    if interrupted:
+        raise TrainingInterrupted(trainer.step, log)
     return log
 
 
