@@ -196,6 +196,9 @@ def generate(**options: Any) -> None:
     try:
         config = _job_config(options)
         summary = run_job(config)
+        # the job is done (or stopped by a failure it reports): a signal while the process
+        # exits would only turn its exit status into a kill's
+        exiting = _ignore_signals()
     except JobError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)
