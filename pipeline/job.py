@@ -129,9 +129,9 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
             with _stop_on_signals(config.overwrite) as stop:
                 hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
                 for shard_id, counts in run_shards(pending, hooks):
-                    manifest.shards[shard_id] = counts
+                    manifest.commit(shard_id, counts)
                     manifest.save(config.output_dir)
-                    write_stats(config.output_dir, manifest.shards)
+                    write_stats(config.output_dir, manifest.shards, manifest.committed_at)
         finally:
             bar.close()
         elapsed = time.monotonic() - start
@@ -228,7 +228,7 @@ def _prepare_output_dir(config: JobConfig, manifest: Manifest) -> int:
             run |= {"runner": "ray", "workers": config.ray.num_workers}
         manifest.runs.append(run)
     manifest.save(config.output_dir)
-    write_stats(config.output_dir, manifest.shards)
+    write_stats(config.output_dir, manifest.shards, manifest.committed_at)
     success = os.path.join(config.output_dir, SUCCESS_FILE)
     if not manifest.complete and os.path.exists(success):
         os.remove(success)

@@ -7,16 +7,19 @@ between the two renames) is simply regenerated and replaced on resume.
     {"version": 1, "config": {...JobConfig.fingerprint()}, "inputs": [{path, size, mtime_ns}, ...],
      "num_shards": 50, "shards": {"7": {"rows": 10000, "errors": 2, ...Counts}, ...},
      "totals": {...Counts}, "complete": false,
-     "runs": [{"started": 1765000000.0, "runner": "local"}, {..., "runner": "ray", "workers": 4}]}
+     "runs": [{"started": 1765000000.0, "runner": "local"}, {..., "runner": "ray", "workers": 4}],
+     "committed_at": {"7": 1765000123.456, ...}}
 
-`runs` is a record, not part of what a resume checks: one entry per run of the job (the first
-and every resume), with its start (Unix time) and runner, so a report can tell the runs apart.
+`runs` and `committed_at` are a record, not part of what a resume checks: one entry per run of
+the job (the first and every resume), with its start (Unix time) and runner, and each shard's
+commit time (Unix time), so a report can tell the runs apart and draw the job over time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,17 +48,25 @@ class Manifest:
     num_shards: int
     shards: dict[int, Counts] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
+    # Unix time at which each shard was committed (absent for shards of older manifests)
+    committed_at: dict[int, float] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         return len(self.shards) == self.num_shards
+
+    def commit(self, shard_id: int, counts: Counts) -> None:
+        self.shards[shard_id] = counts
+        self.committed_at[shard_id] = round(time.time(), 3)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": _VERSION, "config": self.config, "inputs": self.inputs,
                 "num_shards": self.num_shards,
                 "shards": {str(k): v.to_json() for k, v in sorted(self.shards.items())},
                 "totals": total(self.shards.values()).to_json(), "complete": self.complete,
-                "runs": self.runs}
+                "runs": self.runs,
+                "committed_at": {str(k): self.committed_at[k] for k in sorted(self.shards)
+                                 if k in self.committed_at}}
 
     def save(self, output_dir: str) -> None:
         data = json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
@@ -80,8 +91,10 @@ def load_manifest(output_dir: str) -> Manifest | None:
         runs = data.get("runs", [])
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise TypeError("runs is not a list of objects")
+        committed_at = {int(k): float(v) for k, v in data.get("committed_at", {}).items()}
         return Manifest(data["config"], data["inputs"], data["num_shards"],
-                        {int(k): Counts.from_json(v) for k, v in data["shards"].items()}, runs)
+                        {int(k): Counts.from_json(v) for k, v in data["shards"].items()}, runs,
+                        committed_at)
     except (ValueError, KeyError, TypeError) as exc:
         raise DamagedManifest(path, str(exc)) from None
 

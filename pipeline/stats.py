@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ STATS_SCHEMA = pa.schema([
     ("wall_seconds", pa.float64()), ("output_tokens_per_s", pa.float64()),
     ("drafted", pa.int64()), ("accepted", pa.int64()), ("acceptance_rate", pa.float64()),
     ("mean_acceptance_length", pa.float64()), ("per_position_acceptance", pa.list_(pa.float64())),
+    ("committed_at", pa.timestamp("ms", tz="UTC")),
 ])
 
 
@@ -88,15 +89,19 @@ def total(counts: Iterable[Counts]) -> Counts:
     return result
 
 
-def write_stats(output_dir: str, shards: dict[int, Counts]) -> None:
-    """Rewrite OUTPUT_DIR/stats.parquet (one row per committed shard, by shard id) atomically."""
+def write_stats(output_dir: str, shards: dict[int, Counts],
+                committed_at: Mapping[int, float] | None = None) -> None:
+    """Rewrite OUTPUT_DIR/stats.parquet (one row per committed shard, by shard id) atomically.
+    committed_at: each shard's commit time (Unix seconds); null where unknown."""
     rows = []
     for shard_id in sorted(shards):
         c = shards[shard_id]
+        when = (committed_at or {}).get(shard_id)
         rows.append({"shard_id": shard_id, "rows": c.rows, "errors": c.errors,
                      "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                      "wall_seconds": c.wall_seconds, "drafted": c.drafted, "accepted": c.accepted,
-                     **c.derived()})
+                     **c.derived(),
+                     "committed_at": None if when is None else round(when * 1000)})
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows, schema=STATS_SCHEMA), buffer)
     write_bytes_atomically(os.path.join(output_dir, STATS_FILE), buffer.getvalue())

@@ -1,9 +1,11 @@
 """`eaglebatch report OUTPUT_DIR` for a job: report.md and plots from stats.parquet and
 manifest.json, for a finished or a half-finished job.
 
-A shard's commit time is its part file's modification time (the rename that committed it), so
-"over time" needs the part files; without them the plot falls back to shard order. A shard was
-generating from its commit time less its seconds to its commit time; the job's output tokens/s is
+A shard's commit time is the one the job recorded (manifest.json's `committed_at`, or
+stats.parquet's column); for shards committed by versions that did not record it, its part
+file's modification time (the rename that committed it; a copy of the directory changes it), and
+the report says so. Without any, the plot falls back to shard order. A shard was generating from
+its commit time less its seconds to its commit time; the job's output tokens/s is
 its generated tokens over the time in which any shard was generating (parallel workers' shards
 overlap: summing their seconds would give one worker's rate). The manifest's `runs` (one per
 start of the job) split the plot where the job was stopped and resumed.
@@ -66,9 +68,12 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     if manifest is None and not stats_path.is_file():
         raise JobError(f"{directory} has no {MANIFEST_FILE}, {STATS_FILE} or bench.parquet: "
                        "not the output of an eaglebatch job or bench")
-    shards = _shards(manifest, stats_path)
+    shards, recorded = _shards(manifest, stats_path)
     out = report_dir(Path(out_dir))
-    committed = {sid: _committed_at(directory, sid) for sid in shards}
+    committed = {sid: recorded[sid] if sid in recorded else _part_file_time(directory, sid)
+                 for sid in shards}
+    from_files = sum(1 for sid in shards if sid not in recorded and committed[sid] is not None)
+    missing = [sid for sid in shards if not os.path.exists(os.path.join(directory, part_name(sid)))]
     totals = total(shards.values())
     runs = manifest.runs if manifest is not None else []
     spans = _spans(shards, committed)
@@ -83,7 +88,8 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     done = os.path.exists(os.path.join(directory, SUCCESS_FILE))
     k = manifest.config.get("num_speculative_tokens") if manifest is not None else None
     busy = None if spans is None else busy_seconds(list(spans.values()))
-    sections = [_header(directory, manifest, shards, done), _totals(totals, busy, k),
+    sections = [_header(directory, manifest, shards, done, missing, from_files),
+                _totals(totals, busy, k),
                 _error_reasons(directory, shards), _shard_table(shards, committed),
                 _plot_links(drawn)]
     path = out / REPORT_FILE
@@ -96,11 +102,12 @@ _COUNT_COLUMNS = ("rows", "errors", "prompt_tokens", "completion_tokens", "wall_
                   "drafted", "accepted")
 
 
-def _shards(manifest: Manifest | None, stats_path: Path) -> dict[int, Counts]:
+def _shards(manifest: Manifest | None, stats_path: Path
+            ) -> tuple[dict[int, Counts], dict[int, float]]:
     """Counts per committed shard: the manifest's when there is one (it has draft steps and
-    per-position counts), else rebuilt from stats.parquet."""
+    per-position counts), else rebuilt from stats.parquet; and the commit times recorded."""
     if manifest is not None:
-        return dict(sorted(manifest.shards.items()))
+        return dict(sorted(manifest.shards.items())), dict(manifest.committed_at)
     try:
         table = pq.read_table(stats_path)
     except (OSError, pa.ArrowInvalid) as exc:
@@ -115,7 +122,12 @@ def _shards(manifest: Manifest | None, stats_path: Path) -> dict[int, Counts]:
                if c in table.column_names]
     shards = {row["shard_id"]: _counts_from_stats(row)
               for row in table.select(columns + derived).to_pylist()}
-    return dict(sorted(shards.items()))
+    recorded = {}
+    if "committed_at" in table.column_names:  # since 2026-12-06
+        when = table.column("committed_at").cast(pa.int64()).to_pylist()  # ms since the epoch
+        recorded = {sid: ms / 1000 for sid, ms in zip(table.column("shard_id").to_pylist(), when,
+                                                      strict=True) if ms is not None}
+    return dict(sorted(shards.items())), recorded
 
 
 def _counts_from_stats(row: dict[str, Any]) -> Counts:
@@ -131,7 +143,7 @@ def _counts_from_stats(row: dict[str, Any]) -> Counts:
     return counts
 
 
-def _committed_at(directory: str, shard_id: int) -> float | None:
+def _part_file_time(directory: str, shard_id: int) -> float | None:
     try:
         return os.path.getmtime(os.path.join(directory, part_name(shard_id)))
     except OSError:
@@ -198,13 +210,24 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
-            done: bool) -> str:
+            done: bool, missing: list[int], from_files: int) -> str:
     lines = ["# eaglebatch job report", "", f"- directory: `{directory}`"]
+    if missing:
+        names = ", ".join(part_name(s) for s in missing[:_MAX_PENDING])
+        more = f" and {len(missing) - _MAX_PENDING} more" if len(missing) > _MAX_PENDING else ""
+        lines.append(f"- **missing part files** of committed shards: {names}{more}; their rows "
+                     "are not on disk (rerun the job's command to generate them again)")
+    if from_files:
+        lines.append(f"- commit times of {md.plural(from_files, 'shard')} are their part files' "
+                     "modification times (committed by a version that did not record them; a "
+                     "copy of the directory changes them)")
     if manifest is None:
         return "\n".join(lines + ["- no manifest.json: figures come from stats.parquet only"])
     config = manifest.config
     sampling = config.get("sampling", {})
     state = "complete (_SUCCESS written)" if done else "not complete"
+    if done and missing:
+        state = "was complete (_SUCCESS written), but part files are missing"
     lines += [
         f"- {len(shards)} of {manifest.num_shards} shards committed; {state}",
         f"- model `{config.get('model')}`; drafter {_drafter_label(config)}"

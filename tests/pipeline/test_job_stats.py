@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 
@@ -32,7 +33,8 @@ def test_totals_add_counters_and_position_lists_of_any_length() -> None:
 
 def test_stats_parquet_has_one_row_per_shard_in_shard_order(tmp_path: Path) -> None:
     write_stats(str(tmp_path), {3: DRAFTING, 1: Counts(rows=2, completion_tokens=4,
-                                                       wall_seconds=1.0)})
+                                                       wall_seconds=1.0)},
+                {3: 1_765_000_123.4567, 7: 1.0})  # shard 1's time unknown; 7 is not committed
     assert os.listdir(tmp_path) == ["stats.parquet"]
     table = pq.read_table(tmp_path / "stats.parquet")
     assert [(f.name, f.type) for f in table.schema] == [
@@ -41,15 +43,19 @@ def test_stats_parquet_has_one_row_per_shard_in_shard_order(tmp_path: Path) -> N
         ("wall_seconds", pa.float64()), ("output_tokens_per_s", pa.float64()),
         ("drafted", pa.int64()), ("accepted", pa.int64()), ("acceptance_rate", pa.float64()),
         ("mean_acceptance_length", pa.float64()),
-        ("per_position_acceptance", pa.list_(pa.float64()))]
+        ("per_position_acceptance", pa.list_(pa.float64())),
+        ("committed_at", pa.timestamp("ms", tz="UTC"))]
     rows = table.to_pylist()
     assert [r["shard_id"] for r in rows] == [1, 3]
     assert rows[1] == {"shard_id": 3, "rows": 4, "errors": 1, "prompt_tokens": 40,
                        "completion_tokens": 30, "wall_seconds": 2.0, "output_tokens_per_s": 15.0,
                        "drafted": 12, "accepted": 6, "acceptance_rate": 0.5,
                        "mean_acceptance_length": 2.5,
-                       "per_position_acceptance": [0.75, 0.5, 0.25]}
+                       "per_position_acceptance": [0.75, 0.5, 0.25],
+                       "committed_at": datetime.datetime(2025, 12, 6, 5, 48, 43, 457000,
+                                                         tzinfo=datetime.timezone.utc)}
     assert rows[0]["acceptance_rate"] is None and rows[0]["per_position_acceptance"] == []
+    assert rows[0]["committed_at"] is None
 
 
 def test_summary_lines() -> None:

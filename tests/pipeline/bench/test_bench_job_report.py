@@ -87,6 +87,9 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     assert code == 0
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "- 2 of 5 shards committed; not complete" in report
+    # this manifest (as written before commit times were recorded) has none: the files' times
+    assert ("- commit times of 2 shards are their part files' modification times (committed by "
+            "a version that did not record them; a copy of the directory changes them)") in report
     clock = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])) for r in runs]
     assert (f"- 2 runs (its start and every resume): {clock[0]} (local); {clock[1]} (ray, "
             "2 workers)") in report
@@ -101,6 +104,44 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == sorted(
         ["report.md", PLOTS["throughput"], PLOTS["errors"]])
     assert not (job / "report.md").exists()
+
+
+def test_recorded_commit_times_not_the_part_files_and_missing_part_files_named(
+        tmp_path: Path) -> None:
+    """A copy of the job's directory (new modification times) reports the same figures: the
+    commit times are the job's record. A committed shard's part file that is gone is named."""
+    shards = {0: Counts(rows=2, prompt_tokens=10, completion_tokens=100, wall_seconds=4.0),
+              1: Counts(rows=2, prompt_tokens=10, completion_tokens=60, wall_seconds=2.0)}
+    manifest = Manifest({"model": "m", "drafter": None, "sampling": {}, "n": 1, "shard_rows": 2},
+                        [{"path": "in.parquet"}], 2, shards, [], {0: 1_000_004.0, 1: 1_000_010.0})
+    manifest.save(str(tmp_path))
+    write_stats(str(tmp_path), shards, manifest.committed_at)
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    for shard in (0, 1):  # as `cp -r` leaves them: both at the copy's time
+        write_parquet(tmp_path / f"part-{shard:05d}.parquet", {"error": [None, None]})
+        os.utime(tmp_path / f"part-{shard:05d}.parquet", (2_000_000.0, 2_000_000.0))
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    # 0-4 s and 8-10 s: 160 tokens in 6 s (the part files' times would give 4 s)
+    assert "| seconds in which any shard was generating | 6.000 |" in report
+    assert "| output tokens/s | 26.7 |" in report
+    assert "modification times" not in report and "missing" not in report
+    assert "- 2 of 2 shards committed; complete (_SUCCESS written)" in report
+    clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1_000_010.0))
+    assert f"| 1 | 2 | 0 | 60 | 2.000 | 30.0 | – | {clock} |" in report
+    # without the manifest, stats.parquet's commit times give the same
+    os.rename(tmp_path / "manifest.json", tmp_path / "manifest.bak")
+    assert _report(str(tmp_path))[0] == 0
+    assert "| seconds in which any shard was generating | 6.000 |" in (
+        tmp_path / "report.md").read_text()
+    os.rename(tmp_path / "manifest.bak", tmp_path / "manifest.json")
+    os.remove(tmp_path / "part-00001.parquet")
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert ("- **missing part files** of committed shards: part-00001.parquet; their rows are "
+            "not on disk (rerun the job's command to generate them again)") in report
+    assert ("- 2 of 2 shards committed; was complete (_SUCCESS written), but part files are "
+            "missing") in report
 
 
 def test_parallel_shards_count_their_time_once(tmp_path: Path) -> None:
@@ -184,14 +225,14 @@ def test_without_a_manifest_the_counts_come_back_from_stats_parquet(tmp_path: Pa
     shards = {0: Counts(rows=3, errors=1, prompt_tokens=40, completion_tokens=90,
                         wall_seconds=2.5, drafted=30, accepted=12),
               2: Counts(rows=1, prompt_tokens=5, completion_tokens=7, wall_seconds=0.5)}
-    write_stats(str(tmp_path), shards)
-    assert _shards(None, tmp_path / "stats.parquet") == shards
+    write_stats(str(tmp_path), shards, {2: 1_000_000.25})
+    assert _shards(None, tmp_path / "stats.parquet") == (shards, {2: 1_000_000.25})
     # draft steps and accepted drafts per position come back from the rates
     shards[0] = Counts(rows=3, errors=1, prompt_tokens=40, completion_tokens=90,
                        wall_seconds=2.5, drafted=30, accepted=12, draft_steps=15,
                        accepted_per_position=[9, 3])
     write_stats(str(tmp_path), shards)
-    assert _shards(None, tmp_path / "stats.parquet") == shards
+    assert _shards(None, tmp_path / "stats.parquet") == (shards, {})
     assert _report(str(tmp_path))[0] == 0
     report = (tmp_path / "report.md").read_text()
     assert "| mean acceptance length | 1.80 |" in report
