@@ -64,8 +64,10 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
                    "batch size, so the report shows what drafting itself gains or loses there; "
                    "pass `generate`'s default (4) to measure its policy of drafting only as "
                    "a batch drains.")
-@click.option("--draft-ngram/--no-draft-ngram", default=True, show_default=True,
-              help="As in `generate`: n-gram lookup drafts where the text repeats.")
+@click.option("--draft-ngram/--no-draft-ngram", default=None,
+              help="As in `generate`: n-gram lookup drafts where the text repeats [default: on; "
+                   "off with random weights or `--drafter random`, whose runs measure what "
+                   "drafting costs: random text repeats, and accepted lookups would hide it].")
 @click.option("--draft-ngram-tokens", default=CLI_DRAFT_NGRAM_TOKENS, show_default=True,
               type=click.IntRange(0),
               help="As in `generate`: a greedy request alone in its step (batch 1) may take up "
@@ -122,6 +124,8 @@ def bench(**options: Any) -> None:
         click.echo(f"--k {','.join(map(str, o['ks']))}: adding k = 0 (the engine without "
                    "drafter), which every ratio is taken against", err=True)
         o["ks"] = (0, *sorted(o["ks"]))
+    if o["draft_ngram"] is None:
+        o["draft_ngram"] = not (o["model"].startswith("random:") or o["drafter"] == "random")
     try:
         path = run(BenchConfig(
             prompts=o["prompts"], out=o["out"], model=o["model"], drafter=o["drafter"],

@@ -123,11 +123,16 @@ def _header(meta: dict[str, Any], ran: list[int]) -> str:
     if meta.get("random_weights"):
         lines += ["", "> **Random weights.** The model (and any drafter) has random weights in "
                   "the shape of the real architecture: throughput is the architecture's, but "
-                  "outputs are noise and the acceptance figures are meaningless."]
+                  "outputs are noise and the acceptance figures are meaningless"
+                  + (" (n-gram lookup drafts were on: a random model's output often repeats, "
+                     "and accepted lookups make drafting look cheaper than it is)."
+                     if config.get("draft_ngram") else ".")]
     elif meta.get("random_drafter"):
         lines += ["", "> **Random drafter** (`--drafter random`): the drafter has random "
                   "weights, so its drafts are accepted only by chance and the acceptance figures "
-                  "say nothing about a trained one; the k > 0 runs measure what drafting costs."]
+                  "say nothing about a trained one; the k > 0 runs measure what drafting costs"
+                  + (" (n-gram lookup drafts were on: where the generated text repeats, their "
+                     "accepted lookups gain as well)." if config.get("draft_ngram") else ".")]
     return "\n".join(lines)
 
 
@@ -148,11 +153,12 @@ def _left_out(skipped: int) -> str:
 
 def _confidence(config: dict[str, Any], meta: dict[str, Any]) -> str:
     cut = config.get("draft_confidence", 0.0)
+    every = "" if config.get("draft_ngram") else ": k drafts every step"  # lookups vary it
     if meta.get("random_drafter"):
         return ("drafts never cut by the drafter's confidence (a random drafter's confidence "
-                "means nothing: k drafts every step)")
+                f"means nothing{every})")
     if not cut:
-        return "drafts never cut by the drafter's confidence (k drafts every step)"
+        return f"drafts never cut by the drafter's confidence{f' ({every[2:]})' if every else ''}"
     return f"drafts cut below drafter confidence {cut}"
 
 

@@ -77,6 +77,9 @@ def test_bench_on_a_random_preset_says_acceptance_is_meaningless(
     rows, meta = read_bench_parquet(out / "bench.parquet")
     assert meta["random_weights"] and meta["ignore_eos"]
     assert meta["drafter"] == "random weights (1-layer EAGLE-1)"
+    # lookups off unless asked for: a random model's text repeats, and accepted lookups would
+    # hide what drafting costs
+    assert meta["config"]["draft_ngram"] is False
     assert [(r["variant"], r["k"], r["output_tokens"]) for r in rows] == [
         ("engine", 0, 8), ("engine", 1, 8)]
     report = (out / "report.md").read_text()

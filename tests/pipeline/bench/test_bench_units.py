@@ -232,6 +232,19 @@ def test_a_random_drafter_is_named_and_its_acceptance_called_meaningless() -> No
     assert "drafts cut below drafter confidence 0.15" in _header(trained, [1])
     assert "Random drafter" not in _header(trained, [1])
     assert "meaningless" not in _acceptance(rows, trained)
+    # with lookups on, a step's drafts vary (lookups replace the drafter's where text repeats)
+    lookups = {**meta, "config": {**meta["config"], "draft_ngram": True}}
+    header = _header(lookups, [1])
+    assert ("drafts never cut by the drafter's confidence (a random drafter's confidence means "
+            "nothing); drafter weights") in header
+    assert "every step" not in header
+    assert ("the k > 0 runs measure what drafting costs (n-gram lookup drafts were on: where the "
+            "generated text repeats, their accepted lookups gain as well).") in header
+    untrained = {**meta, "random_drafter": False}
+    assert "drafts never cut by the drafter's confidence (k drafts every step)" in \
+        _header(untrained, [1])
+    assert "drafts never cut by the drafter's confidence;" in _header(
+        {**untrained, "config": lookups["config"]}, [1])
 
 
 def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> None:
