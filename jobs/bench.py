@@ -17,8 +17,9 @@ _EXIT_USER_ERROR = 2
 
 
 def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    """--batch-sizes (integers >= 1) and --k (>= 0)."""
     try:
-        return parse_int_list(value)
+        return parse_int_list(value, minimum=0 if param.name == "ks" else 1)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -113,7 +114,7 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="Also run every k > 0 with perfect drafts: the drafter runs as usual (its "
                    "cost stays in every step), but its drafts are replaced by the k = 0 run's "
                    "own next tokens, so all are accepted. Shows the most any drafter of this "
-                   "cost could gain at each batch size. Needs 0 in --k.")
+                   "cost could gain at each batch size. Needs a k > 0 in --k.")
 def bench(**options: Any) -> None:
     """Measure the engine with and without speculative decoding against transformers `generate`,
     side by side and interleaved, and write bench.parquet, report.md and PNG plots to --out."""

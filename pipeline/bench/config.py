@@ -105,9 +105,15 @@ def _listed(values: tuple[int, ...] | list[int]) -> str:
     return ",".join(map(str, values))
 
 
-def parse_int_list(text: str) -> tuple[int, ...]:
-    """'1,4, 16' -> (1, 4, 16)."""
+def parse_int_list(text: str, minimum: int = 0) -> tuple[int, ...]:
+    """'1,4, 16' -> (1, 4, 16); every entry an integer >= minimum, none empty or repeated."""
+    parts = [part.strip() for part in text.split(",")]
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(int(part) for part in parts)
     except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+        raise ValueError(f"expected comma-separated integers >= {minimum}, got {text!r}") from None
+    if any(v < minimum for v in values):
+        raise ValueError(f"expected integers >= {minimum}, got {text!r}")
+    if repeated := sorted({v for v in values if values.count(v) > 1}):
+        raise ValueError(f"repeats {_listed(repeated)} in {text!r}")
+    return values

@@ -162,6 +162,16 @@ def test_options_are_checked() -> None:
     assert parse_int_list("1, 4,16") == (1, 4, 16)
     with pytest.raises(ValueError, match="comma-separated integers"):
         parse_int_list("1,x")
+    # an empty entry is an error, not skipped; values are checked as typed
+    for text, minimum, message in (("1,,2", 1, "expected comma-separated integers >= 1, got "
+                                                "'1,,2'"),
+                                   ("", 0, "expected comma-separated integers >= 0, got ''"),
+                                   ("-1", 0, "expected integers >= 0, got '-1'"),
+                                   ("0,4", 1, "expected integers >= 1, got '0,4'"),
+                                   ("2, 3,2", 0, "repeats 2 in '2, 3,2'")):
+        with pytest.raises(ValueError) as raised:
+            parse_int_list(text, minimum)
+        assert str(raised.value) == message
     with pytest.raises(JobError, match="^--k must be integers >= 0 \\(0 = no drafter\\), "
                                        "got '0,-1'$"):
         BenchConfig("p.parquet", "out", ks=(0, -1))
