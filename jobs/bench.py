@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -119,6 +120,7 @@ def bench(**options: Any) -> None:
     """Measure the engine with and without speculative decoding against transformers `generate`,
     side by side and interleaved, and write bench.parquet, report.md and PNG plots to --out."""
     from pipeline.bench.commands import bench as run  # imported here: `--help` needs no torch
+    from pipeline.bench.runner import BenchInterrupted  # noqa: PLC0415
 
     o = options
     if 0 not in o["ks"]:
@@ -127,6 +129,13 @@ def bench(**options: Any) -> None:
         o["ks"] = (0, *sorted(o["ks"]))
     if o["draft_ngram"] is None:
         o["draft_ngram"] = not (o["model"].startswith("random:") or o["drafter"] == "random")
+    received: list[int] = []
+
+    def terminated(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt  # as Ctrl-C: the rounds that finished are reported
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         path = run(BenchConfig(
             prompts=o["prompts"], out=o["out"], model=o["model"], drafter=o["drafter"],
@@ -144,6 +153,16 @@ def bench(**options: Any) -> None:
     except JobError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)
+    except (BenchInterrupted, KeyboardInterrupt) as exc:
+        for s in (signal.SIGINT, signal.SIGTERM):  # the process exits: no second interrupt
+            signal.signal(s, signal.SIG_IGN)
+        report = exc.report if isinstance(exc, BenchInterrupted) else None
+        click.echo(f"interrupted: wrote {report} from the rounds that finished" if report else
+                   "interrupted before a round finished: nothing written", err=True)
+        sys.exit(128 + (received[0] if received else signal.SIGINT))
+    finally:
+        if signal.getsignal(signal.SIGTERM) is terminated:
+            signal.signal(signal.SIGTERM, previous)
     click.echo(f"wrote {path}")
 
 

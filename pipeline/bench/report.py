@@ -97,7 +97,13 @@ def _header(meta: dict[str, Any], ran: list[int]) -> str:
            if any(k > 0 for k in config.get("ks", ())) else ""),
     ]
     asked = config.get("batch_sizes", [])
-    if missing := [b for b in asked if b not in ran]:
+    if "interrupted" in meta:
+        lines += ["", f"> **Interrupted** (Ctrl-C or SIGTERM) at batch size "
+                  f"{meta['interrupted']}: this report holds the rounds that finished before "
+                  f"it, batch size(s) {ran}" + (f"; {missing} did not run."
+                                               if (missing := [b for b in asked if b not in ran])
+                                               else ".")]
+    elif missing := [b for b in asked if b not in ran]:
         lines += ["", f"> **Incomplete.** The bench stopped before batch size(s) {missing} ran: "
                   f"bench.parquet holds only {ran}."]
     if isinstance(prompts, int) and (over := [b for b in ran if b > prompts]):
@@ -420,5 +426,6 @@ _DEFINITIONS = """## Definitions
   replaced by the k = 0 run's next tokens (all accepted); not in the acceptance table.
 - acceptance: accepted / drafted; accept len: 1 + accepted / draft steps (tokens per
   verification step); pos j: draft steps whose j-th draft token was accepted / draft steps.
-- peak RSS / GPU: the process's peak during the run; it holds every variant of the batch size
-  (and the transformers model) at once, so it is an upper bound for one variant."""
+- peak RSS / GPU: the process's resident (GPU) memory at its highest during the run, sampled
+  every step; it holds every variant of the batch size (and the transformers model) at once, so
+  it is an upper bound for one variant. The engines of earlier batch sizes are freed before."""

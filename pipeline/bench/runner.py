@@ -53,7 +53,7 @@ from pipeline.config import JobError, one_line
 from pipeline.manifest import MANIFEST_FILE
 from pipeline.stats import STATS_FILE
 from runtime.config import EngineConfig, PlacementError
-from runtime.cpu_gemm import q4_weight_count
+from runtime.cpu_gemm import q4_weight_count, return_freed_memory
 from runtime.engine import Engine
 from runtime.huge_pages import huge_pages_available
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
@@ -126,25 +126,56 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
         rows: list[dict[str, Any]] = []
         reference: dict[str, tuple[int, ...]] | None = None
         for batch_size in config.batch_sizes:
-            records = _bench_batch_size(config, models, workload, base, batch_size, baseline,
-                                        bandwidth, meta)
-            if reference is None:
+            records: list[tuple[int, RunRecord]] = []  # filled round by round
+            try:
+                _bench_batch_size(config, models, workload, base, batch_size, baseline,
+                                  bandwidth, meta, records)
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the command turns it
+                meta["interrupted"] = batch_size
+            _free_engines()
+            if records and not rows:  # an earlier bench's report is not this one's
+                remove_report(out)
+            if reference is None and records:
                 reference = next(r.outputs for _, r in records if r.variant == ENGINE)
             for repeat, record in records:
                 rows.append(bench_row(record, len(rows), repeat,
-                                      Agreement(reference, record.outputs)))
-            if batch_size == config.batch_sizes[0]:  # an earlier bench's report is not this one's
-                remove_report(out)
-            write_bench_parquet(out / BENCH_FILE, rows, meta)
+                                      Agreement(reference or {}, record.outputs)))
+            if rows:
+                write_bench_parquet(out / BENCH_FILE, rows, meta)
+            if "interrupted" in meta:
+                break
+    if "interrupted" in meta:
+        raise BenchInterrupted(write_bench_report(str(out)) if rows else None)
     return write_bench_report(str(out))
+
+
+class BenchInterrupted(Exception):  # noqa: N818  (an interrupt, not an error)
+    """Ctrl-C or SIGTERM stopped the bench: `report` is the report of the rounds that finished
+    before it, or None where none had (an earlier bench's files in --out are left as they were)."""
+
+    def __init__(self, report: Path | None) -> None:
+        super().__init__("bench interrupted")
+        self.report = report
+
+
+def _free_engines() -> None:
+    """Frees the engines of the batch size that just ran (their frame is gone; the cycles
+    among their objects wait for the collector) and hands what glibc kept of them back to the
+    system, so that the next batch size's peak RSS is its own, not theirs as well."""
+    gc.collect()
+    return_freed_memory()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Workload,
                       base: EngineConfig, batch_size: int,
                       baseline: TransformersBaseline | None,
-                      bandwidth: float | None, meta: dict[str, Any]) -> list[tuple[int, RunRecord]]:
-    """(repeat, record) of every timed run, in the order they ran; notes in `meta` how many of
-    the model's weight matrices got 4-bit panels (with --q4-panels, on the CPU)."""
+                      bandwidth: float | None, meta: dict[str, Any],
+                      records: list[tuple[int, RunRecord]]) -> None:
+    """Appends (repeat, record) of every timed run to `records`, in the order they ran, round by
+    round (an interrupt leaves the rounds that finished); notes in `meta` how many of the
+    model's weight matrices got 4-bit panels (with --q4-panels, on the CPU)."""
     # --ceiling: always k drafts (no confidence cut, at any batch), replaced by the k = 0 run's
     # tokens; they run after k = 0 in every round, so its first run's outputs are there in time
     wanted = [(ENGINE, k, base) for k in config.ks] + [
@@ -170,33 +201,29 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
     ceilings = [v for v in variants if v.variant == CEILING]
     if baseline is not None:
         baseline.warm_up(workload, batch_size)
-    records: list[tuple[int, RunRecord]] = []
     runs_per_round = len(variants) + (baseline is not None)
     bar = tqdm(total=config.repeats * runs_per_round * len(workload.prompts), unit="request",
                desc=f"batch {batch_size}", file=sys.stderr, dynamic_ncols=True, leave=False)
-    for repeat in range(config.repeats):
-        runs: list[RunRecord | None] = [None] * (len(engines) + len(ceilings) + 1)
-        for part in turns(workload, batch_size):
-            if baseline is not None:
-                runs[-1] = baseline.run(part, batch_size, runs[-1])
-            for i, variant in enumerate(engines):
-                first_part = runs[i] is None
-                runs[i] = record = variant.run(part, runs[i])
-                if variant.k == 0 and repeat == 0 and first_part:
-                    # the ceilings draft these outputs (the later parts add theirs in place)
-                    for ceiling in ceilings:
-                        ceiling.engine.draft_from_reference(record.outputs)
-            for i, variant in enumerate(ceilings, start=len(engines)):
-                runs[i] = variant.run(part, runs[i])
-            bar.update(runs_per_round * len(part.prompts))
-        in_order = runs[-1:] + runs[:-1]  # the baseline first, as the rounds ran
-        records += [(repeat, _timed(record)) for record in in_order if record is not None]
-    bar.close()
-    del variants, engines, ceilings
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return records
+    try:
+        for repeat in range(config.repeats):
+            runs: list[RunRecord | None] = [None] * (len(engines) + len(ceilings) + 1)
+            for part in turns(workload, batch_size):
+                if baseline is not None:
+                    runs[-1] = baseline.run(part, batch_size, runs[-1])
+                for i, variant in enumerate(engines):
+                    first_part = runs[i] is None
+                    runs[i] = record = variant.run(part, runs[i])
+                    if variant.k == 0 and repeat == 0 and first_part:
+                        # the ceilings draft these outputs (the later parts add theirs in place)
+                        for ceiling in ceilings:
+                            ceiling.engine.draft_from_reference(record.outputs)
+                for i, variant in enumerate(ceilings, start=len(engines)):
+                    runs[i] = variant.run(part, runs[i])
+                bar.update(runs_per_round * len(part.prompts))
+            in_order = runs[-1:] + runs[:-1]  # the baseline first, as the rounds ran
+            records += [(repeat, _timed(record)) for record in in_order if record is not None]
+    finally:
+        bar.close()
 
 
 def turns(workload: Workload, batch_size: int) -> list[Workload]:
