@@ -113,10 +113,28 @@ def _header(meta: dict[str, Any], ran: list[int]) -> str:
         lines.append("- the engines' packed weights in transparent huge pages" if meta["huge_pages"]
                      else "- the engines' packed weights in ordinary 4 KiB pages (no transparent "
                      "huge pages here, or EAGLEBATCH_HUGE_PAGES=0)")
+    if meta.get("clamped"):
+        lines.append(f"- {_count(meta['clamped'], 'request')} get fewer than "
+                     f"{config.get('max_tokens')} new tokens: the prompt leaves less room in the "
+                     f"model's context of {meta.get('max_model_len')} tokens")
+    if config.get("baseline") == "none":
+        lines.append("- no transformers baseline (`--baseline none`): engine variants only")
+    speculative = any(k > 0 for k in config.get("ks", ()))
     if config.get("draft_max_batch"):
         lines.append(f"- greedy requests draft only in steps of at most "
                      f"{config['draft_max_batch']} requests (`--draft-max-batch`, as `generate` "
                      f"does): larger steps of the k > 0 variants run without drafts")
+    elif speculative:
+        lines.append("- the k > 0 variants draft at every batch size (`--draft-max-batch 0`, "
+                     "bench's default); `generate` drafts only in steps of at most 4 requests "
+                     "by default")
+    if config.get("kv_cache_memory"):
+        lines.append(f"- KV cache: {md.mib(config['kv_cache_memory'])} MiB per engine "
+                     "(`--kv-cache-memory`)"
+                     + ("; the drafter's layers take their share of it, so the k > 0 variants "
+                        "hold fewer of the target's blocks" if speculative else ""))
+    else:
+        lines.append("- KV cache: sized for each engine's whole batch")
     if config.get("q4_panels"):
         lines.append(_q4_line(meta.get("q4_weights")))
     if config.get("cuda_graphs"):
@@ -282,6 +300,8 @@ def _throughput(summaries: dict[Key, Summary]) -> str:
 
     def when(s: Summary, field: str) -> str:
         value = s.median(field)
+        if value is not None and 0 < value * scale < 0.5 * 10 ** -digits:  # not '0.00'
+            return f"{value * scale:.2g}"
         return md.num(None if value is None else value * scale, digits)
 
     headers = ["batch", "variant", "tokens/s", "spread", "requests/s", f"latency mean {unit}",

@@ -113,7 +113,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
                                   tokenizer, max_model_len, config.max_tokens,
                                   config.chat_template, config.ignore_eos or models.random)
         bandwidth = measure_copy_bandwidth(p.device) if p.device.type == "cuda" else None
-        meta = _metadata(config, models, workload, p, bandwidth)
+        meta = _metadata(config, models, workload, p, bandwidth, max_model_len)
         _log(f"bench: {meta['model']} ({meta['dtype']}, {meta['device']}, "
              f"{meta['threads']} threads), {len(workload.prompts)} prompts, "
              f"max {config.max_tokens} tokens, batch sizes {list(config.batch_sizes)}, "
@@ -264,7 +264,7 @@ def read_bench_parquet(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]
 
 
 def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: Placement,
-              bandwidth: float | None) -> dict[str, Any]:
+              bandwidth: float | None, max_model_len: int) -> dict[str, Any]:
     lengths = workload.prompt_lengths
     device = (torch.cuda.get_device_name(p.device) if p.device.type == "cuda"
               else cpu_description())
@@ -280,6 +280,9 @@ def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: P
         "copy_bandwidth_bytes_per_s": bandwidth, "attention_backend": p.backend,
         "batch1_turns": "request",  # turns(): at batch size 1, rounds go request by request
         "huge_pages": p.device.type == "cpu" and huge_pages_available(),
+        # requests whose max_tokens the context lowered
+        "clamped": sum(n < config.max_tokens for n in workload.max_tokens),
+        "max_model_len": max_model_len,
     }
 
 

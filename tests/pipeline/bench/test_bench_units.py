@@ -313,3 +313,32 @@ def test_latencies_read_in_ms_when_every_one_is_under_a_second() -> None:
     slow = _throughput(summarize([_row(1, "engine", 0, 50.0, **times),
                                   _row(4, "engine", 0, 90.0, **{**times, "latency_p99_s": 1.5})]))
     assert "| latency mean s | p50 s |" in slow and "| 0.04 | 0.04 | 0.09 | 0.01 |" in slow
+
+
+def test_the_header_states_the_settings_that_change_the_figures() -> None:
+    from pipeline.bench.report import _header, _throughput  # noqa: PLC0415
+
+    meta = {"prompts": 2, "threads": 1, "prompt_tokens": {"min": 5, "median": 5.0, "max": 5},
+            "clamped": 1, "max_model_len": 2048,
+            "config": {"batch_sizes": [1], "ks": [0, 2], "repeats": 1, "max_tokens": 3000,
+                       "baseline": "none", "kv_cache_memory": 3 << 20, "draft_max_batch": None}}
+    header = _header(meta, [1])
+    assert ("- 1 request get fewer than 3000 new tokens: the prompt leaves less room in the "
+            "model's context of 2048 tokens") in header
+    assert "- no transformers baseline (`--baseline none`): engine variants only" in header
+    assert ("- the k > 0 variants draft at every batch size (`--draft-max-batch 0`, bench's "
+            "default)") in header
+    assert ("- KV cache: 3 MiB per engine (`--kv-cache-memory`); the drafter's layers take their "
+            "share of it, so the k > 0 variants hold fewer of the target's blocks") in header
+    plain = {**meta, "clamped": 0, "config": {**meta["config"], "ks": [0], "baseline":
+                                              "transformers", "kv_cache_memory": None}}
+    header = _header(plain, [1])
+    assert "- KV cache: sized for each engine's whole batch" in header
+    for absent in ("fewer than", "baseline", "draft at every batch size"):
+        assert absent not in header
+    # a TTFT of a few ms beside latencies of seconds is not shown as 0.00
+    row = {**_row(0, "engine", 0, 50.0), "latency_mean_s": 2.0, "latency_p50_s": 2.0,
+           "latency_p99_s": 2.5, "ttft_p50_s": 0.0031, "ttft_p99_s": 0.0049,
+           "requests_per_s": 1.0, "peak_rss_bytes": 1 << 30, "peak_gpu_bytes": None}
+    table = _throughput(summarize([row]))
+    assert "| 2.00 | 2.00 | 2.50 | 0.0031 | 0.0049 |" in table
