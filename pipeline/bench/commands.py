@@ -6,6 +6,9 @@ from pathlib import Path
 
 from pipeline.bench.config import BenchConfig, ReportConfig
 from pipeline.bench.metrics import BENCH_FILE
+from pipeline.config import JobError
+from pipeline.manifest import MANIFEST_FILE
+from pipeline.stats import STATS_FILE
 
 
 def bench(config: BenchConfig) -> Path:
@@ -16,7 +19,14 @@ def bench(config: BenchConfig) -> Path:
 
 def report(config: ReportConfig) -> Path:
     """A bench directory (bench.parquet) gets the bench report redrawn; a job directory gets
-    the job report."""
+    the job report. An --out that holds another job's or bench's files is refused: the report
+    written there would replace theirs."""
+    out = Path(config.out_dir)
+    if out.is_dir() and not _same_dir(out, Path(config.directory)):
+        theirs = [n for n in (BENCH_FILE, MANIFEST_FILE, STATS_FILE) if (out / n).is_file()]
+        if theirs:
+            raise JobError(f"--out {out} holds {theirs[0]} of another job or bench: the report "
+                           "written there would replace its own; pick another directory")
     if (Path(config.directory) / BENCH_FILE).is_file():
         from pipeline.bench.report import write_bench_report  # noqa: PLC0415
 
@@ -24,3 +34,10 @@ def report(config: ReportConfig) -> Path:
     from pipeline.bench.job_report import write_job_report  # noqa: PLC0415
 
     return write_job_report(config.directory, config.out_dir)
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False

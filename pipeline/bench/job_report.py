@@ -171,8 +171,8 @@ def _throughput_plot(shards: dict[int, Counts], shard_spans: dict[int, tuple[flo
     unit, scale = time_unit(max(span[1] for span in spans) - origin)
     broken = "; a break where the job was stopped and resumed" if len(starts) > 1 else ""
     return plot_over_time(time_segments(spans, starts, scale), path, "Output tokens/s per shard",
-                          f"{unit} since the first shard started (at each shard's commit"
-                          f"{broken})", "output tokens/s")
+                          f"{unit} since the first shard started\n(a point at each shard's "
+                          f"commit{broken})", "output tokens/s")
 
 
 def time_unit(seconds: float) -> tuple[str, float]:

@@ -82,6 +82,15 @@ def test_report_refuses_damaged_and_foreign_bench_files_and_out_files(
     code, _, stderr = _report(str(tmp_path / "nowhere"))
     assert (code, stderr) == (2, f"error: OUTPUT_DIR {tmp_path / 'nowhere'}: no such "
                                  "directory\n")
+    # an --out holding another job's or bench's files: its report would be replaced
+    (foreign / "bench.parquet").unlink()
+    write_stats(str(foreign), {0: Counts(rows=1)})
+    for other, held in ((foreign, "stats.parquet"), (bench_dir, "bench.parquet")):
+        code, _, stderr = _report(str(damaged), "--out", str(other))
+        assert (code, stderr) == (2, f"error: --out {other} holds {held} of another job or "
+                                     "bench: the report written there would replace its own; "
+                                     "pick another directory\n")
+    assert sorted(p.name for p in foreign.iterdir()) == ["stats.parquet"]
 
 
 def test_a_job_report_with_a_damaged_manifest_comes_from_stats_parquet(tmp_path: Path) -> None:
