@@ -33,7 +33,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
                    "(random weights in a real architecture's shape: "
                    f"{', '.join(preset_names())}) or random:<config.json or directory "
                    "holding one> (any model's shape, from its config alone) for pure "
-                   "throughput measurements; acceptance figures mean nothing for them.")
+                   "throughput measurements, with a byte-level tokenizer (one token per UTF-8 "
+                   "byte, so prompts run longer); acceptance figures mean nothing for them.")
 @click.option("--drafter", default="auto", show_default=True,
               help="EAGLE drafter checkpoint directory for the k > 0 variants; 'auto': the one "
                    "shipped for the model (random weights for random:<preset>); 'random': a "

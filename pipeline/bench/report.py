@@ -147,7 +147,9 @@ def _header(meta: dict[str, Any], ran: list[int]) -> str:
     if meta.get("random_weights"):
         lines += ["", "> **Random weights.** The model (and any drafter) has random weights in "
                   "the shape of the real architecture: throughput is the architecture's, but "
-                  "outputs are noise and the acceptance figures are meaningless"
+                  "outputs are noise and the acceptance figures are meaningless. Prompts are "
+                  "tokenized byte by byte (one token per UTF-8 byte: longer prompts than the "
+                  "real tokenizer gives, as the prompt lengths above show)"
                   + (" (n-gram lookup drafts were on: a random model's output often repeats, "
                      "and accepted lookups make drafting look cheaper than it is)."
                      if config.get("draft_ngram") else ".")]

@@ -84,6 +84,7 @@ def test_bench_on_a_random_preset_says_acceptance_is_meaningless(
         ("engine", 0, 8), ("engine", 1, 8)]
     report = (out / "report.md").read_text()
     assert "acceptance figures are meaningless" in report
+    assert "Prompts are tokenized byte by byte (one token per UTF-8 byte" in report
     assert "## Acceptance (all batch sizes and repeats) (random weights: meaningless)" in report
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # scratch removed
 
