@@ -129,8 +129,8 @@ def main(prompts: str, num_prompts: int, k: int, drafter: str, max_tokens: int,
         raise click.BadParameter("no drafter is shipped for the default model",
                                  param_hint="--drafter")
     tokenizer = load_tokenizer(model_dir)
-    workload = build_workload(read_prompts(prompts, "prompt", num_prompts), "prompt", tokenizer,
-                              2048, max_tokens, True, False)
+    workload = build_workload(read_prompts(prompts, "prompt", num_prompts), "prompt", None,
+                              tokenizer, 2048, max_tokens, True, False)
     # the engines `eaglebatch bench` builds at batch 1, with its defaults
     base = EngineConfig(kv_cache_memory=1 << 28, draft_int8=True, draft_ngram=True,
                         draft_ngram_tokens=CLI_DRAFT_NGRAM_TOKENS,

@@ -45,6 +45,10 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
                    "counts them).")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="Column of --prompts holding the prompt text.")
+@click.option("--messages-column", default=None,
+              help="Column of --prompts holding chat messages (list<struct<role, content>>), "
+                   "rendered with the model's chat template as `generate --messages-column` "
+                   "does; replaces --prompt-column.")
 @click.option("--num-prompts", default=None, type=click.IntRange(1),
               help="Use the first N prompts (default: all).")
 @click.option("--no-chat-template", "no_chat_template", is_flag=True,
@@ -140,7 +144,8 @@ def bench(**options: Any) -> None:
     try:
         path = run(BenchConfig(
             prompts=o["prompts"], out=o["out"], model=o["model"], drafter=o["drafter"],
-            prompt_column=o["prompt_column"], num_prompts=o["num_prompts"],
+            prompt_column=o["prompt_column"], messages_column=o["messages_column"],
+            num_prompts=o["num_prompts"],
             chat_template=not o["no_chat_template"], batch_sizes=o["batch_sizes"], ks=o["ks"],
             draft_confidence=o["draft_confidence"], draft_int8=o["draft_int8"],
             q4_panels=o["q4_panels"], draft_max_batch=o["draft_max_batch"] or None,

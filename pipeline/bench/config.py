@@ -30,6 +30,7 @@ class BenchConfig:
     model: str = DEFAULT_MODEL
     drafter: str = "auto"
     prompt_column: str = "prompt"
+    messages_column: str | None = None  # a list<struct<role, content>> column instead
     num_prompts: int | None = None
     chat_template: bool = True
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64)

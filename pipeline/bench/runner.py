@@ -100,7 +100,8 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
     if config.threads is not None:
         torch.set_num_threads(config.threads)  # for the rest of this process
     # read before any model is built or loaded (a random 8B checkpoint takes minutes)
-    prompts = read_prompts(config.prompts, config.prompt_column, config.num_prompts)
+    prompts = read_prompts(config.prompts, config.prompt_column, config.num_prompts,
+                           config.messages_column)
     _remove_stale_scratch(out)
     with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=out) as scratch:
         models = resolve_models(config, Path(scratch), p.dtype, p.device)
@@ -109,7 +110,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
             config = replace(config, draft_confidence=0.0)
         tokenizer = load_tokenizer(models.model_dir)
         max_model_len = load_model_config(models.model_dir).max_position_embeddings
-        workload = build_workload(prompts, config.prompt_column,
+        workload = build_workload(prompts, config.prompt_column, config.messages_column,
                                   tokenizer, max_model_len, config.max_tokens,
                                   config.chat_template, config.ignore_eos or models.random)
         bandwidth = measure_copy_bandwidth(p.device) if p.device.type == "cuda" else None

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import JobError
-from pipeline.schema import is_string
+from pipeline.schema import is_messages_type, is_string
 from pipeline.stages.tokenize import TokenizeOptions, tokenize_rows
 from runtime.config import SamplingParams
 from runtime.request import GenerationRequest
@@ -45,8 +45,11 @@ class Workload(NamedTuple):
         return [len(p) for p in self.prompts]
 
 
-def read_prompts(path: str, column: str, limit: int | None) -> pa.Table:
-    """The first `limit` rows (all when None) of `column`, read batch by batch."""
+def read_prompts(path: str, prompt_column: str, limit: int | None,
+                 messages_column: str | None = None) -> pa.Table:
+    """The first `limit` rows (all when None) of the prompt (or messages) column, read batch by
+    batch."""
+    column = messages_column or prompt_column
     if not os.path.exists(path):
         raise JobError(f"--prompts {path}: no such file")
     if os.path.isdir(path):
@@ -55,13 +58,18 @@ def read_prompts(path: str, column: str, limit: int | None) -> pa.Table:
         source = pq.ParquetFile(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise JobError(f"--prompts {path}: cannot read it as Parquet ({exc})") from None
+    option = "--messages-column" if messages_column else "--prompt-column"
     if column not in source.schema_arrow.names:
-        raise JobError(f"--prompts {path} has no column {column!r} "
-                       f"(columns: {', '.join(source.schema_arrow.names)})")
+        raise JobError(f"--prompts {path} has no column {column!r} ({option}; columns: "
+                       f"{', '.join(source.schema_arrow.names)})")
     kind = source.schema_arrow.field(column).type
-    if not is_string(kind):
+    if messages_column and not is_messages_type(kind):
+        raise JobError(f"--prompts {path}: column {column!r} is {kind}, expected "
+                       f"list<struct<role: string, content: string>> ({option})")
+    if not messages_column and not is_string(kind):
+        hint = " (chat messages: --messages-column)" if is_messages_type(kind) else ""
         raise JobError(f"--prompts {path}: column {column!r} is {kind}, expected string "
-                       f"(--prompt-column)")
+                       f"({option}){hint}")
     batches = []
     rows = 0
     for batch in source.iter_batches(columns=[column], batch_size=1024):
@@ -75,11 +83,12 @@ def read_prompts(path: str, column: str, limit: int | None) -> pa.Table:
     return table.slice(0, limit) if limit is not None else table
 
 
-def build_workload(table: pa.Table, column: str, tokenizer: Any, max_model_len: int,
-                   max_tokens: int, chat_template: bool, ignore_eos: bool) -> Workload:
+def build_workload(table: pa.Table, column: str, messages_column: str | None, tokenizer: Any,
+                   max_model_len: int, max_tokens: int, chat_template: bool,
+                   ignore_eos: bool) -> Workload:
     has_template = bool(getattr(tokenizer, "chat_template", None))
-    options = TokenizeOptions(column, None, chat_template and has_template, max_model_len,
-                              SamplingParams(max_tokens=max_tokens))
+    options = TokenizeOptions(column, messages_column, chat_template and has_template,
+                              max_model_len, SamplingParams(max_tokens=max_tokens))
     prompts, limits = [], []
     for row in tokenize_rows(table, tokenizer, options):
         if row.prompt_token_ids is None or row.params is None:
@@ -87,6 +96,7 @@ def build_workload(table: pa.Table, column: str, tokenizer: Any, max_model_len: 
         prompts.append(row.prompt_token_ids)
         limits.append(row.params.max_tokens)
     if not prompts:
-        raise JobError(f"--prompts: none of the {table.num_rows} prompts in column {column!r} "
-                       "could be tokenized (null, empty, or too long for the model's context)")
+        raise JobError(f"--prompts: none of the {table.num_rows} prompts in column "
+                       f"{messages_column or column!r} could be tokenized (null, empty, "
+                       "malformed, or too long for the model's context)")
     return Workload(prompts, limits, ignore_eos, table.num_rows - len(prompts))

@@ -10,9 +10,11 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from jobs.cli import main
+from pipeline.bench.runner import read_bench_parquet
 from pipeline.manifest import Manifest
 from pipeline.stats import Counts, write_stats
 from tests.pipeline.bench.conftest import run_bench_cli
+from tests.pipeline.helpers import write_parquet
 
 SPEEDUP, ACCEPTANCE = "speedup_by_k.png", "acceptance_by_position.png"
 
@@ -110,3 +112,30 @@ def test_a_job_report_with_a_damaged_manifest_comes_from_stats_parquet(tmp_path:
     code, _, stderr = _report(str(job))
     assert code == 2 and stderr.endswith("), and there is no stats.parquet to report from\n")
     assert "--overwrite" not in stderr
+
+
+def test_bench_reads_chat_messages_as_generate_does(tiny_model_dir: Path, tmp_path: Path,
+                                                    one_thread_module: None) -> None:
+    """--messages-column: the same prompt ids as the prompt column's one-message chats."""
+    texts = ["The sky is", "Bread needs"]
+    messages = [[{"role": "user", "content": t}] for t in texts]
+    path = write_parquet(tmp_path / "chats.parquet", {"prompt": texts, "messages": messages})
+    reports = {}
+    for name, column in (("by-prompt", ()), ("by-messages", ("--messages-column", "messages"))):
+        out = tmp_path / name
+        result = CliRunner().invoke(main, [
+            "bench", "--model", str(tiny_model_dir), "--prompts", str(path), "--out", str(out),
+            *column, "--batch-sizes", "2", "--k", "0", "--max-tokens", "3", "--repeats", "1",
+            "--baseline", "none"])
+        assert result.exit_code == 0, result.output
+        rows, meta = read_bench_parquet(out / "bench.parquet")
+        reports[name] = (meta["prompts"], meta["prompt_tokens"], rows[0]["output_tokens"])
+    assert reports["by-messages"] == reports["by-prompt"]
+    assert reports["by-messages"][0] == 2
+    result = CliRunner().invoke(main, ["bench", "--model", str(tiny_model_dir), "--prompts",
+                                       str(path), "--out", str(tmp_path / "x"),
+                                       "--prompt-column", "messages"])
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: --prompts {path}: column 'messages' is "
+                             "list<element: struct<role: string, content: string>>, expected "
+                             "string (--prompt-column) (chat messages: --messages-column)\n")
