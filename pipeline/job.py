@@ -129,7 +129,7 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
             with _stop_on_signals(config.overwrite) as stop:
                 hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
                 for shard_id, counts in run_shards(pending, hooks):
-                    manifest.commit(shard_id, counts)
+                    manifest.commit(shard_id, counts, config.output_dir)
                     manifest.save(config.output_dir)
                     write_stats(config.output_dir, manifest.shards, manifest.committed_at)
         finally:

@@ -8,15 +8,18 @@ between the two renames) is simply regenerated and replaced on resume.
      "num_shards": 50, "shards": {"7": {"rows": 10000, "errors": 2, ...Counts}, ...},
      "totals": {...Counts}, "complete": false,
      "runs": [{"started": 1765000000.0, "runner": "local"}, {..., "runner": "ray", "workers": 4}],
-     "committed_at": {"7": 1765000123.456, ...}}
+     "committed_at": {"7": 1765000123.456, ...}, "part_digests": {"7": "<sha256>", ...}}
 
 `runs` and `committed_at` are a record, not part of what a resume checks: one entry per run of
 the job (the first and every resume), with its start (Unix time) and runner, and each shard's
 commit time (Unix time), so a report can tell the runs apart and draw the job over time.
+`part_digests` is what a resume checks each committed part file against: a part file damaged
+or replaced since (a flipped byte in a page, two part files swapped) is generated again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -50,14 +53,18 @@ class Manifest:
     runs: list[dict[str, Any]] = field(default_factory=list)
     # Unix time at which each shard was committed (absent for shards of older manifests)
     committed_at: dict[int, float] = field(default_factory=dict)
+    # sha256 of each committed part file (absent for shards of older manifests)
+    part_digests: dict[int, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         return len(self.shards) == self.num_shards
 
-    def commit(self, shard_id: int, counts: Counts) -> None:
+    def commit(self, shard_id: int, counts: Counts, output_dir: str) -> None:
+        """Record the shard whose part file is in place in output_dir (save() commits it)."""
         self.shards[shard_id] = counts
         self.committed_at[shard_id] = round(time.time(), 3)
+        self.part_digests[shard_id] = file_digest(os.path.join(output_dir, part_name(shard_id)))
 
     def to_json(self) -> dict[str, Any]:
         return {"version": _VERSION, "config": self.config, "inputs": self.inputs,
@@ -66,7 +73,9 @@ class Manifest:
                 "totals": total(self.shards.values()).to_json(), "complete": self.complete,
                 "runs": self.runs,
                 "committed_at": {str(k): self.committed_at[k] for k in sorted(self.shards)
-                                 if k in self.committed_at}}
+                                 if k in self.committed_at},
+                "part_digests": {str(k): self.part_digests[k] for k in sorted(self.shards)
+                                 if k in self.part_digests}}
 
     def save(self, output_dir: str) -> None:
         data = json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
@@ -92,9 +101,10 @@ def load_manifest(output_dir: str) -> Manifest | None:
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise TypeError("runs is not a list of objects")
         committed_at = {int(k): float(v) for k, v in data.get("committed_at", {}).items()}
+        digests = {int(k): str(v) for k, v in data.get("part_digests", {}).items()}
         return Manifest(data["config"], data["inputs"], data["num_shards"],
                         {int(k): Counts.from_json(v) for k, v in data["shards"].items()}, runs,
-                        committed_at)
+                        committed_at, digests)
     except (ValueError, KeyError, TypeError) as exc:
         raise DamagedManifest(path, str(exc)) from None
 
@@ -136,9 +146,10 @@ def clear_outputs(output_dir: str) -> None:
 
 
 def drop_unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
-    """Forget committed shards whose part file was deleted or damaged since (its Parquet footer
-    unreadable, or its row count not the one committed), so they are generated again; returns
-    {shard id: what is wrong with its part file}. Reads footers only, not the rows."""
+    """Forget committed shards whose part file was deleted or damaged since (its bytes not the
+    ones committed, where the manifest has their digest; else its Parquet footer unreadable or
+    its row count not the one committed), so they are generated again; returns {shard id: what
+    is wrong with its part file}. Reads every committed part file once (a hash of its bytes)."""
     unusable = {}
     for k, counts in manifest.shards.items():
         path = os.path.join(output_dir, part_name(k))
@@ -147,14 +158,22 @@ def drop_unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
             continue
         try:
             rows = pq.ParquetFile(path).metadata.num_rows
-        except (OSError, pa.ArrowException) as exc:
+        except (OSError, pa.ArrowException, ValueError) as exc:  # ValueError: a name not UTF-8
             unusable[k] = f"unreadable ({one_line(exc)})"
             continue
         if rows != counts.rows:
             unusable[k] = f"{rows} rows where {counts.rows} were committed"
+        elif k in manifest.part_digests and file_digest(path) != manifest.part_digests[k]:
+            unusable[k] = "changed since it was committed (its bytes differ)"
     for k in unusable:
         del manifest.shards[k]
     return unusable
+
+
+def file_digest(path: str) -> str:
+    """sha256 of the file's bytes (32 hex digits)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()[:32]
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

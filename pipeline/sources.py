@@ -135,9 +135,9 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
     for path in resolve_input(config.input, config.output_dir):
         try:
             meta = pq.ParquetFile(path).metadata
-        except (pa.ArrowException, OSError) as exc:
+            schema = meta.schema.to_arrow_schema()
+        except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: a name not UTF-8
             raise JobError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
-        schema = meta.schema.to_arrow_schema()
         if first_schema is None:
             first_schema = schema
             has_id = check_input_schema(schema, path, config)
@@ -152,6 +152,13 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
     if not has_id:
         _check_stems_unique(files, config.id_column)
     return files, first_schema, has_id
+
+
+def open_parquet(path: str) -> pq.ParquetFile:
+    """An input file for reading its rows: pages that carry a CRC are checked against it, so a
+    corrupt page of a file written with checksums is an unreadable row group, not silently
+    different text."""
+    return pq.ParquetFile(path, page_checksum_verification=True)
 
 
 def footer_digest(path: str) -> str:
@@ -187,14 +194,13 @@ def scan_inputs(files: list[InputFile], config: JobConfig, has_id: bool) -> list
     hashes = array("q")
     scanned = []
     for f in files:
-        parquet = pq.ParquetFile(f.path)
+        parquet = open_parquet(f.path)
         unreadable = []
         for group, start, rows in f.row_groups():
             try:
                 group_hashes = _scan_group(parquet, f, group, start, config, has_id, None)
             except _Unreadable as exc:
-                unreadable.append((group, _unreadable_message(f, group, start, rows, exc.reason)))
-                print(f"{unreadable[-1][1]}; its {rows} rows will be error rows", file=sys.stderr)
+                message = _unreadable_message(f, group, start, rows, exc.reason)
                 group_hashes = array("q")
                 if has_id:
                     try:
@@ -203,6 +209,8 @@ def scan_inputs(files: list[InputFile], config: JobConfig, has_id: bool) -> list
                     except _Unreadable as again:
                         raise JobError(f"{_unreadable_message(f, group, start, rows, again.reason)}"
                                        f", its id column {config.id_column!r} included") from None
+                unreadable.append((group, message))
+                print(f"{message}; its {rows} rows will be error rows", file=sys.stderr)
             hashes.extend(group_hashes)
         scanned.append(replace(f, unreadable_groups=tuple(unreadable)) if unreadable else f)
     if has_id and len(hashes) > 1:
@@ -263,7 +271,7 @@ def _iter_file(f: InputFile,
                columns: list[str] | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
     """(row offset, batch) over a whole file, one row group at a time, so that a read error can
     name the file and the rows of the row group it is in."""
-    parquet = pq.ParquetFile(f.path)
+    parquet = open_parquet(f.path)
     for group, start, rows in f.row_groups():
         offset = start
         try:

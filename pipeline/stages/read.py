@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import JobError, one_line
-from pipeline.sources import Shard
+from pipeline.sources import Shard, open_parquet
 
 _BATCH_ROWS = 4096
 
@@ -25,7 +25,7 @@ def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.Recor
     _check_unchanged(shard)
     unreadable = dict(shard.file.unreadable_groups)
     try:
-        parquet = pq.ParquetFile(shard.file.path)
+        parquet = open_parquet(shard.file.path)
         for group, _, _ in groups:
             batches = (iter([_salvage(parquet, group)]) if group in unreadable
                        else parquet.iter_batches(batch_rows, row_groups=[group]))

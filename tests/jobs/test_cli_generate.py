@@ -139,6 +139,7 @@ def test_resume_after_losing_a_part_file_regenerates_only_that_shard(
     ("duplicate_ids", (), "duplicate id 'x' in column 'id': {input} row 0 and {input} row 2; "
                           "ids must be unique"),
     ("corrupt", (), "{input}: not a readable Parquet file ("),
+    ("name_not_utf8", (), "{input}: not a readable Parquet file ("),
     ("ok", ("--messages-column", "msgs", "--no-chat-template"),
      "--messages-column needs the chat template; drop --no-chat-template"),
     ("parts_without_manifest", (), "{out} holds part-00000.parquet but no manifest.json"),
@@ -160,6 +161,11 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path, setup: str, args: tupl
         write_parquet(path, {"id": ["x", "y", "x"], "prompt": ["a", "b", "c"]})
     elif setup == "corrupt":
         path.write_bytes(b"PAR1 but not really")
+    elif setup == "name_not_utf8":  # a column name in the footer that is not UTF-8 (a traceback)
+        write_parquet(path, {"id": ["a"], "prompt": ["hi"], "note": ["x"]})
+        data = path.read_bytes()
+        footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+        path.write_bytes(data[:footer] + data[footer:].replace(b"note", b"\xffote"))
     elif setup == "not_utf8_id":
         write_parquet(path, {"id": not_utf8(["a", "bb", "c"], 1), "prompt": ["x", "y", "z"]})
     else:

@@ -126,3 +126,27 @@ def test_committed_shards_whose_part_file_is_gone_or_damaged_are_forgotten(
            "or this is not a parquet file.)",
         3: "3 rows where 2 were committed"}
     assert sorted(m.shards) == [0, 4]
+
+
+def test_a_part_file_whose_bytes_changed_since_its_commit_is_forgotten(tmp_path: Path) -> None:
+    """Same rows and a readable footer, but other bytes (a corrupt page, another shard's part
+    file moved in its place): the digest committed with it says so."""
+    m = _manifest()
+    for k, ids in enumerate((["a", "b"], ["c", "d"], ["e", "f"])):
+        pq.write_table(pa.table({"id": ids}), tmp_path / f"part-0000{k}.parquet")
+        m.commit(k, Counts(rows=2), str(tmp_path))
+    (tmp_path / "part-00000.parquet").rename(tmp_path / "swap")
+    (tmp_path / "part-00001.parquet").rename(tmp_path / "part-00000.parquet")
+    (tmp_path / "swap").rename(tmp_path / "part-00001.parquet")
+    saved = tmp_path / "manifest"
+    saved.mkdir()
+    m.save(str(saved))
+    loaded = load_manifest(str(saved))
+    assert loaded is not None and loaded.part_digests == m.part_digests
+    changed = "changed since it was committed (its bytes differ)"
+    assert drop_unusable_parts(loaded, str(tmp_path)) == {0: changed, 1: changed}
+    assert sorted(loaded.shards) == [2]
+    # a column name that is not UTF-8 in a part file's footer: unreadable, not a traceback
+    part = tmp_path / "part-00002.parquet"
+    part.write_bytes(part.read_bytes().replace(b"id", b"\xffd"))
+    assert drop_unusable_parts(loaded, str(tmp_path))[2].startswith("unreadable (")

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import JobConfig, JobError
@@ -104,6 +105,25 @@ def test_a_corrupt_data_page_is_found_before_generation(
     assert capsys.readouterr().err == f"{message}; its 250 rows will be error rows\n"
     assert (scanned.path, scanned.size, scanned.row_group_rows) == (
         files[0].path, files[0].size, files[0].row_group_rows)
+
+
+def test_a_page_whose_checksum_fails_is_an_unreadable_row_group(tmp_path: Path) -> None:
+    """A file written with page checksums and one byte of a prompt changed since: pyarrow reads
+    the changed text unless asked to check; before, the job generated from 'PROMPT_9'."""
+    path = tmp_path / "crc.parquet"
+    pq.write_table(pa.table({"id": list(range(6)), "prompt": [f"PROMPT_{i}" for i in range(6)]}),
+                   path, compression="none", use_dictionary=False, write_page_checksum=True,
+                   row_group_size=3)
+    data = bytearray(path.read_bytes())
+    data[data.find(b"PROMPT_4") + 7] = ord("9")
+    path.write_bytes(bytes(data))
+    assert pq.read_table(path).column("prompt")[4].as_py() == "PROMPT_9"  # unchecked
+    config = _config(path)
+    files, _, has_id = open_inputs(config)
+    [scanned] = scan_inputs(files, config, has_id)
+    [(group, message)] = scanned.unreadable_groups
+    assert group == 1 and message.startswith(f"{path}: cannot read row group 1 (rows 3-5): ")
+    assert "CRC" in message
 
 
 def test_a_corrupt_page_of_the_ids_stops_the_job_before_generation(tmp_path: Path) -> None:
