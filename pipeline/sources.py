@@ -104,11 +104,7 @@ def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
     if os.path.isfile(spec):
         return [spec]
     if os.path.isdir(spec):
-        names = sorted(n for n in os.listdir(spec)
-                       if n.endswith(".parquet") and not n.startswith((".", "_")))
-        if not names:
-            raise JobError(f"input directory {spec} holds no .parquet files")
-        return [os.path.join(spec, n) for n in names]
+        return _directory_files(spec)
     found = glob.glob(spec, recursive=True)
     matches = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     if not matches:
@@ -119,6 +115,31 @@ def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
             raise JobError(f"input {spec}: the glob matches only the job's own output files")
         raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
     return matches
+
+
+def _directory_files(directory: str) -> list[str]:
+    """The .parquet files (any case of the suffix; not hidden: `_SUCCESS`, `.crc`, ...) at the
+    top of `directory`, sorted by name. Parquet files in its subfolders (Hive partitions, a
+    Spark `x.parquet/` folder) are not read, so a directory that has any is refused: leaving
+    their rows out without a word would lose them."""
+    visible = sorted(n for n in os.listdir(directory) if not n.startswith((".", "_")))
+    names = [n for n in visible if n.lower().endswith(".parquet")
+             and os.path.isfile(os.path.join(directory, n))]
+    nested = next((os.path.relpath(os.path.join(root, f), directory)
+                   for n in visible if os.path.isdir(os.path.join(directory, n))
+                   for root, _, files in sorted(os.walk(os.path.join(directory, n)))
+                   for f in sorted(files)
+                   if f.lower().endswith(".parquet") and not f.startswith((".", "_"))), None)
+    if nested is not None:
+        where = "as well as at its top" if names else "but none at its top"
+        raise JobError(f"input directory {directory} has Parquet files in subfolders ({nested}) "
+                       f"{where}; a directory INPUT reads only the files at its top: give a glob "
+                       f"that matches every file you mean, e.g. "
+                       f"'{os.path.join(directory, '**', '*.parquet')}' (values in folder names "
+                       f"such as key=value are not read as columns)")
+    if not names:
+        raise JobError(f"input directory {directory} holds no .parquet files")
+    return [os.path.join(directory, n) for n in names]
 
 
 def _written_by_job(path: str, output_dir: str | None) -> bool:

@@ -25,11 +25,37 @@ def _prompts(n: int, start: int = 0) -> dict[str, list]:
 
 def test_directory_lists_parquet_files_sorted_skipping_hidden_and_underscore(
         tmp_path: Path) -> None:
-    for name in ("b.parquet", "a.parquet", "_meta.parquet", ".tmp.parquet"):
+    for name in ("b.parquet", "a.parquet", "C.PARQUET", "_meta.parquet", ".tmp.parquet"):
         write_parquet(tmp_path / name, _prompts(1))
     (tmp_path / "notes.txt").write_text("x")
-    assert resolve_input(str(tmp_path)) == [str(tmp_path / "a.parquet"),
+    (tmp_path / ".hidden").mkdir()  # a hidden folder's files are not rows of the input
+    write_parquet(tmp_path / ".hidden" / "x.parquet", _prompts(1))
+    (tmp_path / "empty-folder").mkdir()
+    assert resolve_input(str(tmp_path)) == [str(tmp_path / "C.PARQUET"),
+                                            str(tmp_path / "a.parquet"),
                                             str(tmp_path / "b.parquet")]
+
+
+@pytest.mark.parametrize(("nested", "where"), [
+    ("sub/deep.parquet", "as well as at its top"),
+    ("x.parquet/part-0.parquet", "as well as at its top"),  # a Spark-style folder
+    ("lang=en/part-0.parquet", "but none at its top"),  # a Hive partition
+])
+def test_a_directory_with_parquet_files_in_subfolders_is_refused(
+        tmp_path: Path, nested: str, where: str) -> None:
+    """Before, their rows were left out without a word (or, for a folder named x.parquet,
+    'not a readable Parquet file')."""
+    if where.startswith("as well"):
+        write_parquet(tmp_path / "top.parquet", _prompts(1))
+    write_parquet(tmp_path / nested, _prompts(1))
+    with pytest.raises(JobError) as raised:
+        resolve_input(str(tmp_path))
+    assert str(raised.value) == (
+        f"input directory {tmp_path} has Parquet files in subfolders ({nested}) {where}; a "
+        f"directory INPUT reads only the files at its top: give a glob that matches every file "
+        f"you mean, e.g. '{tmp_path}/**/*.parquet' (values in folder names such as key=value are "
+        f"not read as columns)")
+    assert str(tmp_path / nested) in resolve_input(f"{tmp_path}/**/*.parquet")
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
