@@ -79,7 +79,7 @@ def _render_prompt(prompt: str | None | _RowError, tokenizer: Any,
         return prompt
     if prompt is None:
         return _RowError("prompt is null")
-    if not prompt.strip():
+    if not prompt:  # whitespace is text: "\n" is a prompt a raw completion may continue
         return _RowError("prompt is empty")
     if not use_chat_template:
         return prompt

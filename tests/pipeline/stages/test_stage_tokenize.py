@@ -47,9 +47,11 @@ def test_messages_column(tiny_tokenizer: Any) -> None:
 def test_bad_rows_become_error_rows(tiny_tokenizer: Any) -> None:
     rows = pa.table({"prompt": ["ok", None, "", "  \n", "fine"]})
     got = tokenize_rows(rows, tiny_tokenizer, _options())
-    assert [r.error for r in got] == [None, "prompt is null", "prompt is empty",
-                                      "prompt is empty", None]
+    assert [r.error for r in got] == [None, "prompt is null", "prompt is empty", None, None]
     assert got[1] == PreparedRow(None, None, False, "prompt is null")
+    # a prompt of whitespace is text (a raw completion may continue "\n"), not an empty one
+    raw = tokenize_rows(rows, tiny_tokenizer, _options(use_chat_template=False))[3]
+    assert raw.prompt_token_ids == tuple(tiny_tokenizer("  \n")["input_ids"])
 
 
 def test_malformed_messages_become_error_rows(tiny_tokenizer: Any) -> None:
