@@ -260,6 +260,9 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
     if config.messages_column is not None and not has_template:
         raise JobError(f"--messages-column {config.messages_column}: the tokenizer of "
                        f"{engine.model_name} has no chat template to render messages with")
+    if config.messages_column is None and config.chat_template and not has_template:
+        print(f"note: the tokenizer of {engine.model_name} has no chat template: prompts are "
+              "tokenized as raw text, as with --no-chat-template", file=sys.stderr)
     options = TokenizeOptions(config.prompt_column, config.messages_column,
                               config.chat_template and has_template, engine.max_model_len,
                               config.sampling_params())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -352,3 +353,17 @@ def test_sigterm_while_the_job_starts_is_a_message_not_a_kill(
     # a second signal while the process exits is ignored (Ctrl-C raised in objects' __del__,
     # SIGTERM killed it after the message)
     assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+
+
+def test_a_model_without_a_chat_template_says_prompts_are_raw_text(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    model = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["Paris is"]})
+    result = _generate(model, inputs, tmp_path / "out", "--max-tokens", "2")
+    assert result.exit_code == 0, result.output
+    assert (f"note: the tokenizer of {model} has no chat template: prompts are tokenized as raw "
+            "text, as with --no-chat-template\n") in result.stderr
+    with_template = _generate(tiny_model_dir, inputs, tmp_path / "out2", "--max-tokens", "2")
+    assert "chat template" not in with_template.stderr
