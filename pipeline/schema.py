@@ -104,7 +104,8 @@ def _override_type_ok(name: str, t: pa.DataType) -> bool:
         return bool(pa.types.is_integer(t))
     if name in ("temperature", "top_p"):
         return bool(pa.types.is_floating(t) or pa.types.is_integer(t))
-    return _is_list(t) and is_string(t.value_type)  # stop
+    # stop: list<null> is what pyarrow infers for lists that are all empty (or all null)
+    return _is_list(t) and (is_string(t.value_type) or pa.types.is_null(t.value_type))
 
 
 _OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "top_k": "an integer", "seed": "an integer",

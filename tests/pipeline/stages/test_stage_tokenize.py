@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from pipeline.config import JobConfig
+from pipeline.sources import open_inputs
 from pipeline.stages.tokenize import PreparedRow, TokenizeOptions, tokenize_rows
 from runtime.config import SamplingParams
+from tests.pipeline.helpers import write_parquet
 
 DEFAULTS = SamplingParams(max_tokens=16, temperature=0.0, stop=("END",))
 
@@ -108,6 +113,17 @@ def test_per_row_overrides_and_nulls_falling_back_to_the_job(tiny_tokenizer: Any
         SamplingParams(max_tokens=16, top_p=0.9, stop=("END",)),
         SamplingParams(max_tokens=9, temperature=1, top_k=3, stop=()),
     ]
+
+
+def test_a_stop_column_of_empty_lists_is_accepted(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    """pyarrow infers list<null> for [[], []]: accepted (it was refused as not list<string>);
+    its rows have no stop strings, as the empty list<string> rows above."""
+    path = write_parquet(tmp_path / "in.parquet", {"prompt": ["a", "b"], "stop": [[], [None]]})
+    assert pq.read_schema(path).field("stop").type == pa.list_(pa.null())
+    _, schema, _ = open_inputs(JobConfig(input=str(path), output_dir=str(tmp_path / "out")))
+    rows = pq.read_table(path)
+    got = [r.params for r in tokenize_rows(rows, tiny_tokenizer, _options())]
+    assert [p.stop for p in got if p is not None] == [(), ()]
 
 
 @pytest.mark.parametrize(("column", "value", "message"), [
