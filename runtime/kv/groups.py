@@ -141,9 +141,9 @@ def validate_same_kv_cache_group(
     group_ids = {name: kv_cache_config.group_of(name) for name in names}
     if len(set(group_ids.values())) == 1:
         return
-    placement = "; ".join(
-        f"{name} -> group {gid} ({kv_cache_config.groups[gid].spec})"
-        for name, gid in group_ids.items()
+    placement = "; ".join(  # the cache's names are offset past the target's layers
+        f"{name} (draft layer {i}) -> group {gid} ({kv_cache_config.groups[gid].spec})"
+        for i, (name, gid) in enumerate(group_ids.items())
     )
     raise KVCacheGroupError(
         f"all draft layers must share one KV cache group (one block table, one spec), but they "

@@ -52,6 +52,11 @@ class DrafterMismatchError(ValueError):
 
 
 def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> DrafterCheckpoint:
+    if not path.exists():
+        raise FileNotFoundError(f"drafter {path}: no such directory")
+    if not path.is_dir():
+        raise FileNotFoundError(f"drafter {path} is a file; expected an EAGLE checkpoint "
+                                "directory with config.json and model.safetensors")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"drafter {path}: no config.json (expected an EAGLE checkpoint "
                                 "directory with config.json and model.safetensors)")
@@ -62,13 +67,41 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
     style = _style(tensors, target_config, path)
     if "d2t" not in tensors and "t2d" in tensors:
         tensors["d2t"] = _d2t_from_t2d(tensors, target_config.vocab_size, path)
+    _check_vocab(raw, tensors, style, target_config, path)
     state = _rename(tensors, style)
-    config = _llama_config(raw | _attention_from_weights(state), path / "config.json")
-    if "speculators_model_type" in raw:  # its layer config may be the verifier's whole config
-        config.num_hidden_layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+    in_weights = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+    # the speculators layout's layer config may be the verifier's whole config; a config without
+    # num_hidden_layers would get LlamaConfig's default (32)
+    layers = {"num_hidden_layers": in_weights} if (
+        "speculators_model_type" in raw or "num_hidden_layers" not in raw) else {}
+    config = _llama_config(raw | _attention_from_weights(state) | layers, path / "config.json")
     check_fit(config, state, style, target_config, path)
     aux = _aux_layer_ids(raw, style, target_config.num_hidden_layers, path)
     return DrafterCheckpoint(config, style, state, aux)
+
+
+def _check_vocab(raw: dict, tensors: dict[str, torch.Tensor], style: str,
+                 target: PretrainedConfig, path: Path) -> None:
+    """A drafter made for another vocabulary is refused, naming where it says so: its
+    config.json's vocab_size (the target's, in every public layout; a drafter with its own head
+    names the draft vocabulary in draft_vocab_size), an embedding copied from another model, or
+    a draft_vocab_size that its head contradicts. (A t2d beside a d2t is not read: vLLM reads
+    d2t alone, and some checkpoints keep t2d as an unfilled buffer.)"""
+    where = path / "config.json"
+    vocab = raw.get("vocab_size")
+    if isinstance(vocab, int) and vocab != target.vocab_size:
+        raise DrafterMismatchError(f"drafter {where}: vocab_size is {vocab} but the target's is "
+                                   f"{target.vocab_size}: a drafter made for another model")
+    embed = tensors.get("embed_tokens.weight")
+    if embed is not None and embed.shape[0] != target.vocab_size:
+        raise DrafterMismatchError(f"drafter {path}: embed_tokens.weight has {embed.shape[0]} rows "
+                                   f"but the target's vocabulary has {target.vocab_size}: a "
+                                   "drafter made for another model")
+    head = tensors.get("lm_head.weight")
+    declared = raw.get("draft_vocab_size")
+    if head is not None and isinstance(declared, int) and declared != head.shape[0]:
+        raise DrafterMismatchError(f"drafter {where}: draft_vocab_size is {declared} but "
+                                   f"lm_head.weight has {head.shape[0]} rows")
 
 
 def _llama_config(raw: dict, where: Path) -> LlamaConfig:
@@ -239,7 +272,7 @@ def _d2t_from_t2d(tensors: dict[str, torch.Tensor], target_vocab: int, path: Pat
         raise DrafterMismatchError(f"drafter {path}: t2d has shape {tuple(t2d.shape)}; expected "
                                    f"[{target_vocab}] (one flag per target token) to derive d2t, "
                                    "which the checkpoint lacks")
-    target_ids = t2d.bool().nonzero().flatten()
+    target_ids = _draft_tokens_of_t2d(t2d)
     head = tensors.get("lm_head.weight")
     if head is not None and len(target_ids) != head.shape[0]:
         raise DrafterMismatchError(f"drafter {path}: t2d marks {len(target_ids)} target tokens "
@@ -248,10 +281,21 @@ def _d2t_from_t2d(tensors: dict[str, torch.Tensor], target_vocab: int, path: Pat
     return target_ids - torch.arange(len(target_ids))
 
 
+def _draft_tokens_of_t2d(t2d: torch.Tensor) -> torch.Tensor:
+    """The target ids of the draft tokens, in draft-token order, from t2d: a mask over the
+    target's vocabulary (EAGLE's: the i-th marked id is draft token i), or a map of each target
+    id to its draft id and -1 elsewhere."""
+    if t2d.dtype != torch.bool and bool((t2d < 0).any()):
+        ids = (t2d >= 0).nonzero().flatten()
+        return ids[t2d[ids].argsort()]
+    return t2d.bool().nonzero().flatten()
+
+
 def _rename(tensors: dict[str, torch.Tensor], style: str) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
-        if key in IGNORED_KEYS or key.startswith("verifier"):  # speculators' training extras
+        if (key in IGNORED_KEYS or key.startswith("verifier")  # speculators' training extras
+                or key.endswith("rotary_emb.inv_freq")):  # a buffer older transformers saved
             continue
         key = "layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key
         if style == "eagle3" and key == "layers.0.input_layernorm.weight":
@@ -279,14 +323,15 @@ def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: s
         raise mismatch("hidden_size", config.hidden_size, target.hidden_size)
     if head_dim_of(config) != head_dim_of(target):
         raise mismatch("head_dim", head_dim_of(config), head_dim_of(target))
-    shares_head = style == "eagle1" and "lm_head.weight" not in state
+    shares_head = "lm_head.weight" not in state
     if shares_head and config.vocab_size != target.vocab_size:
         raise mismatch("vocab_size", config.vocab_size, target.vocab_size)
-    if style == "eagle3" or "lm_head.weight" in state:
+    if shares_head:  # drafts from the target's norm and head, over its whole vocabulary
+        for key in ("d2t", "norm.weight"):
+            state.pop(key, None)
+    else:
         d2t = state.get("d2t")
-        draft_vocab = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else None
-        if draft_vocab is None:
-            raise DrafterMismatchError(f"drafter {path}: EAGLE-3 checkpoint without lm_head.weight")
+        draft_vocab = state["lm_head.weight"].shape[0]
         if d2t is None and draft_vocab != target.vocab_size:
             raise mismatch("draft vocabulary (no d2t or t2d)", draft_vocab, target.vocab_size)
         if d2t is not None and tuple(d2t.shape) != (draft_vocab,):

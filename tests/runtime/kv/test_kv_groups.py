@@ -83,9 +83,10 @@ def test_drafter_with_a_sliding_window_layer_fails_naming_layers_and_groups() ->
     with pytest.raises(KVCacheGroupError) as err:
         validate_same_kv_cache_group(config)
     message = str(err.value)
-    assert "layers.2 -> group 0" in message
-    assert "layers.3 -> group 1" in message
-    assert "layers.4 -> group 0" in message
+    # the cache's names and the drafter's own layer indices (its checkpoint's layers.0, ...)
+    assert "layers.2 (draft layer 0) -> group 0" in message
+    assert "layers.3 (draft layer 1) -> group 1" in message
+    assert "layers.4 (draft layer 2) -> group 0" in message
     assert "sliding_window=8" in message
     assert isinstance(err.value, ValueError)
 

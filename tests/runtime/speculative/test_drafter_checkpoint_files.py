@@ -174,3 +174,68 @@ def test_configs_that_do_not_match_their_weights_are_named(tiny_model_dir: Path,
             "narrower or wider than their target")):
         load_drafter_checkpoint(eagle3, target)
 
+
+
+def test_what_the_drafter_folder_holds_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Found by a reviewer of the layouts: each was refused or accepted for another reason."""
+    target = AutoConfig.from_pretrained(tiny_model_dir)  # vocab 256, 2 layers
+    a_file = tiny_model_dir / "config.json"
+    for path, message in ((tmp_path / "nowhere", f"drafter {tmp_path / 'nowhere'}: no such "
+                                                 "directory"),
+                          (a_file, f"drafter {a_file} is a file; expected an EAGLE")):
+        with pytest.raises(FileNotFoundError, match=re.escape(message)):
+            load_drafter_checkpoint(path, target)
+
+    # made for another vocabulary: its config says so, or the embedding it carries
+    other = make_random_drafter(tiny_model_dir, tmp_path / "vocab", num_layers=1,
+                                style="eagle3", draft_vocab_size=50, aux_layer_ids=(0, 1, 1))
+    _edit_config(other, vocab_size=32000)
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {other / 'config.json'}: vocab_size is 32000 but the target's is 256: a "
+            "drafter made for another model")):
+        load_drafter_checkpoint(other, target)
+    _edit_config(other, vocab_size=256, draft_vocab_size=60)
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {other / 'config.json'}: draft_vocab_size is 60 but lm_head.weight has 50 "
+            "rows")):
+        load_drafter_checkpoint(other, target)
+    eagle1 = make_random_drafter(tiny_model_dir, tmp_path / "e1", num_layers=1)
+    tensors = load_file(str(eagle1 / "model.safetensors"))
+    save_file(tensors | {"embed_tokens.weight": torch.zeros(300, 64)},
+              str(eagle1 / "model.safetensors"))
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {eagle1}: embed_tokens.weight has 300 rows but the target's vocabulary has "
+            "256")):
+        load_drafter_checkpoint(eagle1, target)
+
+
+def test_layouts_that_load_and_stay_lossless(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A rotary inv_freq buffer (older transformers saved it), a config without
+    num_hidden_layers (its weights say 2, where LlamaConfig's default is 32), and an EAGLE-3
+    checkpoint without lm_head.weight (it drafts from the target's head): each was refused."""
+    target = AutoConfig.from_pretrained(tiny_model_dir)
+    plain = make_random_drafter(tiny_model_dir, tmp_path / "plain", num_layers=2)
+    reference = tokens(generate(tiny_model_dir, None))
+    drafted = generate(tiny_model_dir, plain)
+
+    buffer = make_random_drafter(tiny_model_dir, tmp_path / "buffer", num_layers=2)
+    tensors = load_file(str(buffer / "model.safetensors"))
+    save_file(tensors | {"layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)},
+              str(buffer / "model.safetensors"))
+    _edit_config(buffer, num_hidden_layers=None)
+    assert load_drafter_checkpoint(buffer, target).config.num_hidden_layers == 2
+    assert {k: (list(c.token_ids), c.num_drafted) for k, c in generate(tiny_model_dir,
+                                                                        buffer).items()} == \
+        {k: (list(c.token_ids), c.num_drafted) for k, c in drafted.items()}
+
+    headless = make_random_drafter(tiny_model_dir, tmp_path / "e3", num_layers=1,
+                                   style="eagle3", draft_vocab_size=50, aux_layer_ids=(0, 1, 1))
+    tensors = load_file(str(headless / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(headless / "model.safetensors"))
+    ckpt = load_drafter_checkpoint(headless, target)
+    assert ckpt.style == "eagle3" and not {"lm_head.weight", "d2t", "norm.weight"} & set(
+        ckpt.state_dict)
+    out = generate(tiny_model_dir, headless)
+    assert tokens(out) == reference
+    assert sum(c.num_drafted for c in out.values()) > 0
