@@ -151,7 +151,8 @@ def test_bad_prompt_files_are_user_errors_naming_file_and_column(
     other = write_parquet(tmp_path / "other.parquet", {"text": ["hi"]})
     result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(other),
                            "--out", str(tmp_path / "r"), "--k", "0")
-    assert result.stderr == f"error: --prompts {other} has no column 'prompt' (columns: text)\n"
+    assert result.stderr == (f"error: --prompts {other} has no column 'prompt' (--prompt-column; "
+                             "columns: text)\n")
     # checked before the model: a preset that would take minutes to build is never built
     missing = tmp_path / "missing.parquet"
     result = run_bench_cli("--model", "random:llama-3-8b", "--prompts", str(missing),

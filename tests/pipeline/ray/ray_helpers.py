@@ -48,7 +48,7 @@ def parts(out: Path) -> dict[str, Any]:
 
 def stats_without_timing(out: Path) -> list[dict[str, Any]]:
     table = pq.read_table(out / "stats.parquet")
-    return table.drop(["wall_seconds", "output_tokens_per_s"]).to_pylist()
+    return table.drop(["wall_seconds", "output_tokens_per_s", "committed_at"]).to_pylist()
 
 
 class LoggedEngines:
