@@ -29,6 +29,7 @@ from pipeline.manifest import (
     drop_unusable_parts,
     load_manifest,
     our_files,
+    with_input_digests,
 )
 from pipeline.progress import Progress
 from pipeline.shard import ShardContext, ShardHooks, run_shard
@@ -199,6 +200,7 @@ def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
     """The manifest this run continues (read only: refusals happen before anything changes)."""
     fresh = Manifest(config.fingerprint(), [f.fingerprint() for f in plan.files], len(plan.shards))
     if config.overwrite:
+        fresh.inputs = with_input_digests(fresh.inputs)
         return fresh
     existing = load_manifest(config.output_dir)
     if existing is None:
@@ -206,6 +208,7 @@ def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
         if leftovers:
             raise JobError(f"{config.output_dir} holds {leftovers[0]} but no manifest.json, so it "
                            f"cannot be resumed; rerun with --overwrite to discard it")
+        fresh.inputs = with_input_digests(fresh.inputs)
         return fresh
     check_resumable(existing, fresh.config, fresh.inputs, config.output_dir)
     return existing

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,10 +117,17 @@ def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dic
     if diffs:
         raise JobError(f"{output_dir} holds the outputs of a different job ({'; '.join(diffs)}); "
                        f"rerun with --overwrite to discard them, or choose another OUTPUT_DIR")
-    change = _input_change(manifest.inputs, inputs)
+    change, touched = _input_change(manifest.inputs, inputs)
     if change:
         raise JobError(f"the input changed since {output_dir} was written ({change}); rerun with "
                        f"--overwrite to discard its outputs, or choose another OUTPUT_DIR")
+    for path in touched:
+        print(f"note: {path} has a new modification time but the same bytes (a copy or a "
+              "touch): resuming", file=sys.stderr)
+    # the manifest records the files as they are now (each keeps the digest of its bytes)
+    digests = {f["path"]: f.get("sha256") for f in manifest.inputs}
+    manifest.inputs = [f | ({"sha256": digests[f["path"]]} if digests.get(f["path"]) else {})
+                       for f in inputs]
 
 
 def has_our_outputs(output_dir: str) -> bool:
@@ -188,23 +196,36 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
     return diffs
 
 
-def _input_change(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str | None:
+def with_input_digests(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input fingerprints of a new job, each with the sha256 of its file's bytes: a file
+    whose modification time alone changes later (copied again, touched) is then told from one
+    rewritten, so that the job can still resume. One read of every input, at the job's start."""
+    return [f | {"sha256": file_digest(f["path"])} for f in inputs]
+
+
+def _input_change(old: list[dict[str, Any]], new: list[dict[str, Any]]
+                  ) -> tuple[str | None, list[str]]:
+    """(how the input changed, or None; the files whose modification time alone changed, their
+    bytes the same)."""
     old_by_path = {f["path"]: f for f in old}
     new_by_path = {f["path"]: f for f in new}
     added = sorted(new_by_path.keys() - old_by_path.keys())
     if added:
-        return f"new file {added[0]}"
+        return f"new file {added[0]}", []
     gone = sorted(old_by_path.keys() - new_by_path.keys())
     if gone:
-        return f"{gone[0]} is gone"
+        return f"{gone[0]} is gone", []
+    touched = []
     for path, f in new_by_path.items():
         before = old_by_path[path]
         if before["size"] != f["size"]:
-            return f"{path} size {before['size']} -> {f['size']} bytes"
-        if before["mtime_ns"] != f["mtime_ns"]:
-            return f"{path} was modified"
+            return f"{path} size {before['size']} -> {f['size']} bytes", []
         footers = before.get("footer"), f.get("footer")  # manifests before 2026-12-06: none
         if all(footers) and footers[0] != footers[1]:
-            return (f"{path} was rewritten (the same size and modification time, other row "
-                    "groups or column statistics)")
-    return None
+            return (f"{path} was rewritten (the same size, other row groups or column "
+                    "statistics)"), []
+        if before["mtime_ns"] != f["mtime_ns"]:
+            if not before.get("sha256") or file_digest(path) != before["sha256"]:
+                return f"{path} was modified", []
+            touched.append(path)
+    return None, touched

@@ -91,9 +91,9 @@ def test_a_file_rewritten_with_its_size_and_mtime_is_refused_by_its_footer() -> 
     with pytest.raises(JobError) as err:
         check_resumable(m, m.config, [same[0], {**same[1], "footer": "other"}], "out")
     assert str(err.value) == (
-        "the input changed since out was written (/data/b.parquet was rewritten (the same size "
-        "and modification time, other row groups or column statistics)); rerun with "
-        "--overwrite to discard its outputs, or choose another OUTPUT_DIR")
+        "the input changed since out was written (/data/b.parquet was rewritten (the same size, "
+        "other row groups or column statistics)); rerun with --overwrite to discard its "
+        "outputs, or choose another OUTPUT_DIR")
     # a manifest written before footers were recorded resumes
     check_resumable(_manifest(), m.config, [same[0], {**same[1], "footer": "other"}], "out")
 
