@@ -27,7 +27,9 @@ class Progress:
         if now - self._last_postfix >= _POSTFIX_EVERY_S:
             self._last_postfix = now
             rate = self._tokens / max(now - self._start, 1e-9)
-            self._bar.set_postfix_str(f"{rate:.1f} tok/s", refresh=False)
+            # redrawn here too: a row of many samples (--n) or tokens finishes late, and the
+            # bar would stand still until it does
+            self._bar.set_postfix_str(f"{rate:.1f} tok/s", refresh=True)
 
     def close(self) -> None:
         self._bar.close()
