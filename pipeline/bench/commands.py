@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pipeline.bench.config import BenchConfig, ReportConfig
 from pipeline.bench.metrics import BENCH_FILE
 from pipeline.config import JobError
-from pipeline.manifest import MANIFEST_FILE
+from pipeline.manifest import JOB_REPORT_FILE, MANIFEST_FILE  # report.md, for bench's too
 from pipeline.stats import STATS_FILE
 
 
@@ -22,18 +23,39 @@ def report(config: ReportConfig) -> Path:
     the job report. An --out that holds another job's or bench's files is refused: the report
     written there would replace theirs."""
     out = Path(config.out_dir)
-    if out.is_dir() and not _same_dir(out, Path(config.directory)):
+    elsewhere = out.is_dir() and not _same_dir(out, Path(config.directory))
+    source = os.path.abspath(config.directory)
+    if elsewhere:
         theirs = [n for n in (BENCH_FILE, MANIFEST_FILE, STATS_FILE) if (out / n).is_file()]
         if theirs:
             raise JobError(f"--out {out} holds {theirs[0]} of another job or bench: the report "
                            "written there would replace its own; pick another directory")
+        if (out / JOB_REPORT_FILE).exists() and _reported_from(out) != source:
+            raise JobError(f"--out {out} holds a {JOB_REPORT_FILE} that is not a report of "
+                           f"{config.directory}: pick another directory, or remove it")
     if (Path(config.directory) / BENCH_FILE).is_file():
         from pipeline.bench.report import write_bench_report  # noqa: PLC0415
 
-        return write_bench_report(config.directory, config.out_dir)
-    from pipeline.bench.job_report import write_job_report  # noqa: PLC0415
+        path = write_bench_report(config.directory, config.out_dir)
+    else:
+        from pipeline.bench.job_report import write_job_report  # noqa: PLC0415
 
-    return write_job_report(config.directory, config.out_dir)
+        path = write_job_report(config.directory, config.out_dir)
+    if not _same_dir(out, Path(config.directory)):
+        (out / _SOURCE_FILE).write_text(source + "\n", encoding="utf-8")
+    return path
+
+
+# in a report's --out elsewhere than its source: the directory it reports on, so that a later
+# report of another job or bench there is refused, not written over this one
+_SOURCE_FILE = ".eaglebatch-report-of"
+
+
+def _reported_from(out: Path) -> str | None:
+    try:
+        return (out / _SOURCE_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
 
 
 def _same_dir(a: Path, b: Path) -> bool:

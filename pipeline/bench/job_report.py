@@ -40,6 +40,7 @@ from pipeline.manifest import (
     SUCCESS_FILE,
     DamagedManifest,
     Manifest,
+    file_digest,
     load_manifest,
 )
 from pipeline.sources import part_name
@@ -74,6 +75,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
                  for sid in shards}
     from_files = sum(1 for sid in shards if sid not in recorded and committed[sid] is not None)
     missing = [sid for sid in shards if not os.path.exists(os.path.join(directory, part_name(sid)))]
+    damaged = _damaged_parts(directory, manifest, [sid for sid in shards if sid not in missing])
     totals = total(shards.values())
     runs = manifest.runs if manifest is not None else []
     spans = _spans(shards, committed)
@@ -88,7 +90,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     done = os.path.exists(os.path.join(directory, SUCCESS_FILE))
     k = manifest.config.get("num_speculative_tokens") if manifest is not None else None
     busy = None if spans is None else busy_seconds(list(spans.values()))
-    sections = [_header(directory, manifest, shards, done, missing, from_files),
+    sections = [_header(directory, manifest, shards, done, missing, damaged, from_files),
                 _totals(totals, busy, k),
                 _error_reasons(directory, shards), _shard_table(shards, committed),
                 _plot_links(drawn)]
@@ -141,6 +143,26 @@ def _counts_from_stats(row: dict[str, Any]) -> Counts:
         counts.accepted_per_position = [round(rate * counts.draft_steps)
                                         for rate in row.get("per_position_acceptance") or []]
     return counts
+
+
+def _damaged_parts(directory: str, manifest: Manifest | None, shard_ids: list[int]) -> list[int]:
+    """Committed shards whose part file is not the one committed: other bytes than the digest
+    the manifest keeps, or (for shards committed without one) a footer that cannot be read."""
+    damaged = []
+    for sid in shard_ids:
+        path = os.path.join(directory, part_name(sid))
+        digest = None if manifest is None else manifest.part_digests.get(sid)
+        try:
+            if digest is not None:
+                intact = file_digest(path) == digest
+            else:
+                pq.ParquetFile(path)
+                intact = True
+        except (OSError, pa.ArrowException, ValueError):
+            intact = False
+        if not intact:
+            damaged.append(sid)
+    return damaged
 
 
 def _part_file_time(directory: str, shard_id: int) -> float | None:
@@ -210,13 +232,16 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
-            done: bool, missing: list[int], from_files: int) -> str:
+            done: bool, missing: list[int], damaged: list[int], from_files: int) -> str:
     lines = ["# eaglebatch job report", "", f"- directory: `{directory}`"]
-    if missing:
-        names = ", ".join(part_name(s) for s in missing[:_MAX_PENDING])
-        more = f" and {len(missing) - _MAX_PENDING} more" if len(missing) > _MAX_PENDING else ""
-        lines.append(f"- **missing part files** of committed shards: {names}{more}; their rows "
-                     "are not on disk (rerun the job's command to generate them again)")
+    for shard_ids, what, why in ((missing, "missing", "their rows are not on disk"),
+                                 (damaged, "damaged", "their bytes are not the ones committed")):
+        if shard_ids:
+            names = ", ".join(part_name(s) for s in shard_ids[:_MAX_PENDING])
+            more = (f" and {len(shard_ids) - _MAX_PENDING} more"
+                    if len(shard_ids) > _MAX_PENDING else "")
+            lines.append(f"- **{what} part files** of committed shards: {names}{more}; {why} "
+                         "(rerun the job's command to generate them again)")
     if from_files:
         lines.append(f"- commit times of {md.plural(from_files, 'shard')} are their part files' "
                      "modification times (committed by a version that did not record them; a "
@@ -226,8 +251,9 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
     config = manifest.config
     sampling = config.get("sampling", {})
     state = "complete (_SUCCESS written)" if done else "not complete"
-    if done and missing:
-        state = "was complete (_SUCCESS written), but part files are missing"
+    if done and (missing or damaged):
+        state = ("was complete (_SUCCESS written), but part files are "
+                 + " or ".join(w for w, ids in (("missing", missing), ("damaged", damaged)) if ids))
     lines += [
         f"- {len(shards)} of {manifest.num_shards} shards committed; {state}",
         f"- model `{config.get('model')}`; drafter {_drafter_label(config)}"

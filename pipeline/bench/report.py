@@ -51,7 +51,9 @@ def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
             "Acceptance by draft position" + (f" ({meaningless})" if meaningless else "")),
     }
     drop_undrawn(out, PLOTS, drawn)
-    sections = [_header(meta, batch_sizes(summaries)), equality_section(rows, meta),
+    rounds = {b: len({r["repeat"] for r in rows if r["batch_size"] == b})
+              for b in batch_sizes(summaries)}
+    sections = [_header(meta, batch_sizes(summaries), rounds), equality_section(rows, meta),
                 _throughput(summaries),
                 _ratios(summaries), _acceptance(rows, meta), _bandwidth(summaries, meta),
                 _plots(drawn), _DEFINITIONS]
@@ -66,8 +68,9 @@ def remove_report(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def _header(meta: dict[str, Any], ran: list[int]) -> str:
-    """The bench's settings; `ran`: the batch sizes bench.parquet has runs of."""
+def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None = None) -> str:
+    """The bench's settings; `ran`: the batch sizes bench.parquet has runs of; `rounds`: how
+    many rounds each of them finished."""
     if not meta:
         return ("# eaglebatch bench\n\n> bench.parquet carries no description of its run (the "
                 "metadata eaglebatch writes into it is gone: was the file rewritten by another "
@@ -98,11 +101,13 @@ def _header(meta: dict[str, Any], ran: list[int]) -> str:
     ]
     asked = config.get("batch_sizes", [])
     if "interrupted" in meta:
+        done = "; ".join(f"batch {b}: {rounds[b]} of {config.get('repeats')}"
+                         for b in ran if rounds and b in rounds)
         lines += ["", f"> **Interrupted** (Ctrl-C or SIGTERM) at batch size "
                   f"{meta['interrupted']}: this report holds the rounds that finished before "
-                  f"it, batch size(s) {ran}" + (f"; {missing} did not run."
-                                               if (missing := [b for b in asked if b not in ran])
-                                               else ".")]
+                  f"it, batch size(s) {ran}" + (f" (rounds {done})" if done else "")
+                  + (f"; {missing} did not run." if (missing := [b for b in asked if b not in ran])
+                     else ".")]
     elif missing := [b for b in asked if b not in ran]:
         lines += ["", f"> **Incomplete.** The bench stopped before batch size(s) {missing} ran: "
                   f"bench.parquet holds only {ran}."]

@@ -52,7 +52,8 @@ def test_ctrl_c_keeps_the_rounds_that_finished(
         (1, 0, 0), (1, 1, 0), (3, 0, 0)]
     report = (out / "report.md").read_text()
     assert ("> **Interrupted** (Ctrl-C or SIGTERM) at batch size 3: this report holds the rounds "
-            "that finished before it, batch size(s) [1, 3].") in report
+            "that finished before it, batch size(s) [1, 3] (rounds batch 1: 2 of 2; batch 3: 1 "
+            "of 2).") in report
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
     # a second Ctrl-C while the process exits is ignored
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

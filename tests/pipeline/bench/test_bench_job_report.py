@@ -144,6 +144,36 @@ def test_recorded_commit_times_not_the_part_files_and_missing_part_files_named(
             "missing") in report
 
 
+def test_damaged_part_files_are_named(tmp_path: Path) -> None:
+    """A part file whose bytes are not the committed ones (its digest in the manifest), or, for
+    a shard committed without a digest, whose footer cannot be read: the report said
+    'complete' (a reviewer's truncated and zero-filled part files)."""
+    manifest = Manifest({"model": "m", "drafter": None, "sampling": {}, "n": 1, "shard_rows": 2},
+                        [{"path": "in.parquet"}], 3)
+    for shard in range(3):
+        write_parquet(tmp_path / f"part-{shard:05d}.parquet", {"error": [None, None]})
+        manifest.commit(shard, Counts(rows=2, completion_tokens=10, wall_seconds=1.0),
+                        str(tmp_path))
+    del manifest.part_digests[2]  # as committed by a version that kept no digests
+    manifest.save(str(tmp_path))
+    write_stats(str(tmp_path), manifest.shards, manifest.committed_at)
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    assert _report(str(tmp_path))[0] == 0
+    assert "damaged part files" not in (tmp_path / "report.md").read_text()
+    for shard in (0, 2):
+        part = tmp_path / f"part-{shard:05d}.parquet"
+        data = bytearray(part.read_bytes())
+        part.write_bytes(bytes(data[:50]) if shard == 2 else bytes(data[:8]) + b"\0" * 8
+                         + bytes(data[16:]))
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert ("- **damaged part files** of committed shards: part-00000.parquet, part-00002.parquet; "
+            "their bytes are not the ones committed (rerun the job's command to generate them "
+            "again)") in report
+    assert ("- 3 of 3 shards committed; was complete (_SUCCESS written), but part files are "
+            "damaged") in report
+
+
 def test_parallel_shards_count_their_time_once(tmp_path: Path) -> None:
     """Two workers' shards that generated at the same time: the job's rate is twice a
     shard's, where summing their seconds would give one worker's."""

@@ -93,6 +93,17 @@ def test_report_refuses_damaged_and_foreign_bench_files_and_out_files(
                                      "bench: the report written there would replace its own; "
                                      "pick another directory\n")
     assert sorted(p.name for p in foreign.iterdir()) == ["stats.parquet"]
+    # an --out holding the report of another job or bench (or a report.md of the user's)
+    shared = tmp_path / "reports"
+    assert _report(str(bench_dir), "--out", str(shared))[0] == 0
+    assert _report(str(bench_dir), "--out", str(shared))[0] == 0  # its own: redrawn
+    job = tmp_path / "job"
+    job.mkdir()
+    write_stats(str(job), {0: Counts(rows=1)})
+    code, _, stderr = _report(str(job), "--out", str(shared))
+    assert (code, stderr) == (2, f"error: --out {shared} holds a report.md that is not a report "
+                                 f"of {job}: pick another directory, or remove it\n")
+    assert "# eaglebatch bench" in (shared / "report.md").read_text()
 
 
 def test_a_job_report_with_a_damaged_manifest_comes_from_stats_parquet(tmp_path: Path) -> None:
