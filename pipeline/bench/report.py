@@ -108,9 +108,13 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
                   f"it, batch size(s) {ran}" + (f" (rounds {done})" if done else "")
                   + (f"; {missing} did not run." if (missing := [b for b in asked if b not in ran])
                      else ".")]
-    elif missing := [b for b in asked if b not in ran]:
-        lines += ["", f"> **Incomplete.** The bench stopped before batch size(s) {missing} ran: "
-                  f"bench.parquet holds only {ran}."]
+    elif (missing := [b for b in asked if b not in ran]) or any(
+            n < (config.get("repeats") or 0) for n in (rounds or {}).values()):
+        short = "; ".join(f"batch {b}: {rounds[b]} of {config.get('repeats')} rounds"
+                          for b in ran if rounds and rounds.get(b, 0) < config.get("repeats", 0))
+        lines += ["", "> **Incomplete.** The bench stopped (it was killed?) before all its runs: "
+                  + "; ".join(p for p in (f"batch size(s) {missing} did not run" if missing
+                                          else "", short) if p) + "."]
     if isinstance(prompts, int) and (over := [b for b in ran if b > prompts]):
         lines.append(f"- batch size(s) {over} exceed the {prompts} prompts: at most {prompts} "
                      f"requests were in flight there, so those figures are batch {prompts}'s")

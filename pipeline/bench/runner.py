@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -124,25 +125,33 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
             baseline = TransformersBaseline(models.model_dir, p.device, p.dtype,
                                             eos_token_ids(models.model_dir, tokenizer),
                                             tokenizer.pad_token_id)
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []  # of the batch sizes done
         reference: dict[str, tuple[int, ...]] | None = None
+
+        def save(records: list[tuple[int, RunRecord]]) -> list[dict[str, Any]]:
+            """bench.parquet with the rounds done so far (after every round: a bench killed
+            with SIGKILL keeps them); returns its rows."""
+            nonlocal reference
+            if not rows:  # an earlier bench's report is not this one's
+                remove_report(out)
+            if reference is None:
+                reference = next(r.outputs for _, r in records if r.variant == ENGINE)
+            now = rows + [bench_row(record, len(rows) + i, repeat,
+                                    Agreement(reference, record.outputs))
+                          for i, (repeat, record) in enumerate(records)]
+            write_bench_parquet(out / BENCH_FILE, now, meta)
+            return now
+
         for batch_size in config.batch_sizes:
             records: list[tuple[int, RunRecord]] = []  # filled round by round
             try:
                 _bench_batch_size(config, models, workload, base, batch_size, baseline,
-                                  bandwidth, meta, records)
+                                  bandwidth, meta, records, save)
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the command turns it
                 meta["interrupted"] = batch_size
             _free_engines()
-            if records and not rows:  # an earlier bench's report is not this one's
-                remove_report(out)
-            if reference is None and records:
-                reference = next(r.outputs for _, r in records if r.variant == ENGINE)
-            for repeat, record in records:
-                rows.append(bench_row(record, len(rows), repeat,
-                                      Agreement(reference or {}, record.outputs)))
-            if rows:
-                write_bench_parquet(out / BENCH_FILE, rows, meta)
+            if records:
+                rows = save(records)
             if "interrupted" in meta:
                 break
     if "interrupted" in meta:
@@ -173,10 +182,12 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                       base: EngineConfig, batch_size: int,
                       baseline: TransformersBaseline | None,
                       bandwidth: float | None, meta: dict[str, Any],
-                      records: list[tuple[int, RunRecord]]) -> None:
+                      records: list[tuple[int, RunRecord]],
+                      on_round: Callable[[list[tuple[int, RunRecord]]], object]) -> None:
     """Appends (repeat, record) of every timed run to `records`, in the order they ran, round by
-    round (an interrupt leaves the rounds that finished); notes in `meta` how many of the
-    model's weight matrices got 4-bit panels (with --q4-panels, on the CPU)."""
+    round (an interrupt leaves the rounds that finished), calling on_round(records) after each;
+    notes in `meta` how many of the model's weight matrices got 4-bit panels (with
+    --q4-panels, on the CPU)."""
     # --ceiling: always k drafts (no confidence cut, at any batch), replaced by the k = 0 run's
     # tokens; they run after k = 0 in every round, so its first run's outputs are there in time
     wanted = [(ENGINE, k, base) for k in config.ks] + [
@@ -223,6 +234,7 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                 bar.update(runs_per_round * len(part.prompts))
             in_order = runs[-1:] + runs[:-1]  # the baseline first, as the rounds ran
             records += [(repeat, _timed(record)) for record in in_order if record is not None]
+            on_round(records)
     finally:
         bar.close()
 

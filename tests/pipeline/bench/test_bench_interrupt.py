@@ -86,3 +86,24 @@ def test_a_batch_sizes_engines_are_freed_before_the_next_is_built(
     monkeypatch.setattr(runner, "_free_engines", counted)
     assert _bench(tiny_model_dir, prompts_file, tmp_path / "report").exit_code == 0
     assert alive == [0, 0]
+
+
+def test_bench_parquet_holds_every_finished_round_while_it_runs(
+        tiny_model_dir: Path, prompts_file: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, one_thread_module: None) -> None:
+    """Written after every round, not every batch size: a bench killed with SIGKILL (which no
+    handler sees) keeps the rounds it finished."""
+    out = tmp_path / "report"
+    run = EngineVariant.run
+    seen: list[list[tuple[int, int]]] = []
+
+    def look(self: EngineVariant, *args: Any) -> Any:
+        if self.config.max_num_seqs == 3 and (out / "bench.parquet").exists():
+            seen.append([(r["batch_size"], r["repeat"])
+                         for r in pq.read_table(out / "bench.parquet").to_pylist()])
+        return run(self, *args)
+
+    monkeypatch.setattr(EngineVariant, "run", look)
+    assert _bench(tiny_model_dir, prompts_file, out).exit_code == 0
+    # batch 3's first run saw batch 1's two rounds; its second, batch 3's first round as well
+    assert seen == [[(1, 0), (1, 1)], [(1, 0), (1, 1), (3, 0)]]

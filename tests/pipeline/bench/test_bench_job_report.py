@@ -101,8 +101,10 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     assert "| output tokens/s | 37.5 |" in report
     assert "| 0 | 10 | 2 | 200 | 4.000 | 50.0 | – |" in report
     assert "- acceptance: not drawn (nothing was drafted)" in report
+    # and a note of what it reports on (a report of another job there is refused)
     assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == sorted(
-        ["report.md", PLOTS["throughput"], PLOTS["errors"]])
+        [".eaglebatch-report-of", "report.md", PLOTS["throughput"], PLOTS["errors"]])
+    assert (tmp_path / "rep" / ".eaglebatch-report-of").read_text() == f"{job}\n"
     assert not (job / "report.md").exists()
 
 

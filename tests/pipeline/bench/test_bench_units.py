@@ -260,13 +260,15 @@ def test_a_random_drafter_is_named_and_its_acceptance_called_meaningless() -> No
 def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> None:
     from pipeline.bench.report import _header  # noqa: PLC0415
 
-    meta = {"prompts": 3, "config": {"batch_sizes": [1, 4, 64], "ks": [0], "repeats": 1}}
-    header = _header(meta, [1, 4])
-    assert ("> **Incomplete.** The bench stopped before batch size(s) [64] ran: bench.parquet "
-            "holds only [1, 4].") in header
+    meta = {"prompts": 3, "config": {"batch_sizes": [1, 4, 64], "ks": [0], "repeats": 3}}
+    header = _header(meta, [1, 4], {1: 3, 4: 1})
+    # a bench killed in batch 4's second round (bench.parquet is written after every round)
+    assert ("> **Incomplete.** The bench stopped (it was killed?) before all its runs: batch "
+            "size(s) [64] did not run; batch 4: 1 of 3 rounds.") in header
     assert ("- batch size(s) [4] exceed the 3 prompts: at most 3 requests were in flight "
             "there, so those figures are batch 3's") in header
-    assert "Incomplete" not in _header({**meta, "config": {"batch_sizes": [1]}}, [1])
+    assert "Incomplete" not in _header({**meta, "config": {"batch_sizes": [1], "repeats": 3}},
+                                       [1], {1: 3})
     assert "no description of its run" in _header({}, [1])
 
 
