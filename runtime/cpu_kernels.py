@@ -82,14 +82,32 @@ def _build() -> bool:
 
     name = f"eaglebatch_cpu_{_machine_tag()}"
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    built = build_dir / f"{name}.so"
     with _build_lock(build_dir):
-        if not (build_dir / f"{name}.so").exists():
+        # The name covers the sources' bytes, the flags and the CPU: a library built under it
+        # is loaded as it is. cpp_extension.load would write build.ninja again with this copy
+        # of the sources' paths, and ninja rebuilds (50-110 s) whenever another checkout of the
+        # same sources built last.
+        if not _load_built(built):
             print("eaglebatch: compiling the CPU kernels (once per machine, ~15 s)",
                   file=sys.stderr, flush=True)
-        cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES], extra_cflags=_CFLAGS,
-                           extra_ldflags=_LDFLAGS, is_python_module=False, verbose=False)
-    _library[:] = [build_dir / f"{name}.so"]
+            cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
+                               extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS,
+                               is_python_module=False, verbose=False)
+    _library[:] = [built]
     return all(hasattr(torch.ops.eaglebatch, op) for op in _OPS)
+
+
+def _load_built(library: Path) -> bool:
+    """Loads a library built before; False where there is none, or it does not load (a build
+    killed while linking): it is built again."""
+    if not library.exists():
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except OSError:
+        return False
+    return True
 
 
 @contextmanager

@@ -344,3 +344,25 @@ def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load(tmp_pat
                           env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
     assert not (build / "lock").exists()
+
+
+def test_a_library_built_from_another_copy_of_the_sources_is_loaded_not_rebuilt(
+        tmp_path: Path) -> None:
+    """Two checkouts of the same sources share the build (its name covers their bytes): each
+    load used to rewrite build.ninja with its own paths, and ninja rebuilt (50-110 s). Here
+    the build.ninja names other paths and the compiler cannot run: the library still loads."""
+    library = kernel_library()
+    assert library is not None
+    build = tmp_path / library.parent.name
+    shutil.copytree(library.parent, build)
+    ninja = build / "build.ninja"
+    if ninja.exists():
+        ninja.write_text(ninja.read_text().replace(str(Path(__file__).resolve().parents[2]),
+                                                   "/elsewhere/checkout"))
+    code = "from runtime.cpu_kernels import load_cpu_kernels; print(load_cpu_kernels())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path),
+                               "CXX": "/nonexistent/c++", "PATH": "/nonexistent"})
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
+    assert "compiling" not in done.stderr
