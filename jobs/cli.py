@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import time
 from typing import Any
 
 import click
@@ -182,16 +184,22 @@ def generate(**options: Any) -> None:
     or a glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json.
     Rerunning the same command resumes an interrupted job."""
     from pipeline.job import JobInterrupted, rerun_hint, run_job  # `--help` needs no torch
+    from pipeline.manifest import SUCCESS_FILE  # noqa: PLC0415
 
     overwrite = bool(options.get("overwrite"))
     received: list[int] = []
+    started = time.time() - 0.1  # file times come from a coarser clock (a tick behind)
+    success = os.path.join(str(options.get("output_dir")), SUCCESS_FILE)
 
     def terminated(signum: int, frame: object) -> None:
+        if _written_since(success, started):  # the job is complete: nothing to stop
+            return
         received.append(signum)
         raise KeyboardInterrupt  # not an Exception, which library code may catch and go on
 
-    # SIGTERM outside the shards' loop (loading inputs or the model), as Ctrl-C there
-    previous = signal.signal(signal.SIGTERM, terminated)
+    # Ctrl-C and SIGTERM outside the shards' loop (loading inputs or the model; the moment
+    # between writing _SUCCESS and the return), the shards' loop having its own handlers
+    previous = {s: signal.signal(s, terminated) for s in (signal.SIGINT, signal.SIGTERM)}
     exiting = False  # on an interrupt: further signals are ignored while the process exits
     try:
         config = _job_config(options)
@@ -213,7 +221,8 @@ def generate(**options: Any) -> None:
         sys.exit(128 + (received[0] if received else signal.SIGINT))
     finally:
         if not exiting:
-            signal.signal(signal.SIGTERM, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     engine = config.engine
     if (engine.drafter and summary.shards_run and not summary.totals.drafted
             and summary.totals.rows > summary.totals.errors):
@@ -226,6 +235,13 @@ def generate(**options: Any) -> None:
                        f"{engine.draft_confidence:g} (--draft-confidence)")
         if why:
             click.echo(f"note: nothing was drafted: {'; '.join(why)}", err=True)
+
+
+def _written_since(path: str, since: float) -> bool:
+    try:
+        return os.path.getmtime(path) >= since
+    except OSError:
+        return False
 
 
 def _ignore_signals() -> bool:

@@ -367,3 +367,25 @@ def test_a_model_without_a_chat_template_says_prompts_are_raw_text(
             "text, as with --no-chat-template\n") in result.stderr
     with_template = _generate(tiny_model_dir, inputs, tmp_path / "out2", "--max-tokens", "2")
     assert "chat template" not in with_template.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_once_success_is_written_leaves_exit_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    """Between writing _SUCCESS and returning (the shards' handlers gone, the command's own not
+    yet ignoring), a soak's SIGTERM gave exit 143 and 'interrupted' on a complete job."""
+    import pipeline.job
+    from pipeline.stats import Counts
+
+    out = tmp_path / "out"
+
+    def complete_then_signalled(config: object) -> pipeline.job.JobSummary:
+        out.mkdir()
+        (out / "_SUCCESS").write_bytes(b"")
+        os.kill(os.getpid(), signum)
+        return pipeline.job.JobSummary(Counts(rows=1), 1, 0, 1, True)
+
+    monkeypatch.setattr(pipeline.job, "run_job", complete_then_signalled)
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
+    result = CliRunner().invoke(main, ["generate", str(inputs), str(out), "--drafter", "none"])
+    assert (result.exit_code, result.stderr) == (0, "")
