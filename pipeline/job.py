@@ -29,6 +29,7 @@ from pipeline.manifest import (
     drop_unusable_parts,
     load_manifest,
     our_files,
+    unusable_parts,
     with_input_digests,
 )
 from pipeline.progress import Progress
@@ -118,6 +119,9 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
                 progress: bool) -> JobSummary:
     """The job's shards, in OUTPUT_DIR locked for it."""
     manifest = _manifest_for(config, plan)
+    if not config.overwrite and manifest.complete and not unusable_parts(manifest,
+                                                                         config.output_dir):
+        runner = _nothing_to_run  # a rerun of a finished job: no model to load, no cluster
     with runner(config, plan, engine_factory) as run_shards:
         resumed = _prepare_output_dir(config, manifest)
         seconds_before = total(manifest.shards.values()).wall_seconds
@@ -192,6 +196,17 @@ def _local_runner(config: JobConfig, plan: InputPlan,
         for shard in pending:
             hooks.check_stop()
             yield shard.shard_id, run_shard(shard, ctx, hooks)
+
+    yield run_shards
+
+
+@contextmanager
+def _nothing_to_run(config: JobConfig, plan: InputPlan,
+                    engine_factory: Callable[[EngineConfig], EngineLike]) -> Iterator[RunShards]:
+    """The runner of a job whose every shard is committed and intact."""
+    def run_shards(pending: list[Shard], hooks: ShardHooks) -> Iterator[tuple[int, Counts]]:
+        assert not pending, "a finished job has no shard to run"
+        yield from ()
 
     yield run_shards
 

@@ -158,6 +158,14 @@ def drop_unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
     ones committed, where the manifest has their digest; else its Parquet footer unreadable or
     its row count not the one committed), so they are generated again; returns {shard id: what
     is wrong with its part file}. Reads every committed part file once (a hash of its bytes)."""
+    unusable = unusable_parts(manifest, output_dir)
+    for k in unusable:
+        del manifest.shards[k]
+    return unusable
+
+
+def unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
+    """What drop_unusable_parts would drop, the manifest left as it is."""
     unusable = {}
     for k, counts in manifest.shards.items():
         path = os.path.join(output_dir, part_name(k))
@@ -173,8 +181,6 @@ def drop_unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
             unusable[k] = f"{rows} rows where {counts.rows} were committed"
         elif k in manifest.part_digests and file_digest(path) != manifest.part_digests[k]:
             unusable[k] = "changed since it was committed (its bytes differ)"
-    for k in unusable:
-        del manifest.shards[k]
     return unusable
 
 

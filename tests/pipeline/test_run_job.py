@@ -125,10 +125,13 @@ def test_resume_regenerates_only_the_missing_shard(
     assert (out / "_SUCCESS").exists()
     runs = json.loads((out / "manifest.json").read_text())["runs"]
     assert [r["runner"] for r in runs] == ["local", "local"]
-    # a rerun of the finished job generates nothing, and is not recorded as a run
-    summary = run_job(config, _factory(tiny_engine), progress=False)
+    # a rerun of the finished job generates nothing, is not recorded as a run, and loads no
+    # model (a 7B model's minute, for nothing)
+    built: list[EngineConfig] = []
+    summary = run_job(config, _factory(tiny_engine, built), progress=False)
     assert (summary.shards_resumed, summary.shards_run, summary.complete) == (5, 0, True)
     assert json.loads((out / "manifest.json").read_text())["runs"] == runs
+    assert built == []
 
 
 def test_a_damaged_part_file_of_a_finished_job_is_generated_again(
