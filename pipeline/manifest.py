@@ -185,9 +185,9 @@ def unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
 
 
 def file_digest(path: str) -> str:
-    """sha256 of the file's bytes (32 hex digits)."""
+    """sha256 of the file's bytes (hex)."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()[:32]
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
