@@ -119,11 +119,11 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
                 progress: bool) -> JobSummary:
     """The job's shards, in OUTPUT_DIR locked for it."""
     manifest = _manifest_for(config, plan)
-    if not config.overwrite and manifest.complete and not unusable_parts(manifest,
-                                                                         config.output_dir):
+    unusable = unusable_parts(manifest, config.output_dir)  # read once: each part file's hash
+    if not config.overwrite and manifest.complete and not unusable:
         runner = _nothing_to_run  # a rerun of a finished job: no model to load, no cluster
     with runner(config, plan, engine_factory) as run_shards:
-        resumed = _prepare_output_dir(config, manifest)
+        resumed = _prepare_output_dir(config, manifest, unusable)
         seconds_before = total(manifest.shards.values()).wall_seconds
         pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
         bar = Progress(sum(s.num_rows for s in plan.shards),
@@ -229,12 +229,12 @@ def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
     return existing
 
 
-def _prepare_output_dir(config: JobConfig, manifest: Manifest) -> int:
+def _prepare_output_dir(config: JobConfig, manifest: Manifest, unusable: dict[int, str]) -> int:
     """Clear (--overwrite) or tidy OUTPUT_DIR, say whether we resume; return shards done."""
     if config.overwrite:
         clear_outputs(config.output_dir)
     remove_stale_temps(config.output_dir)
-    for shard_id, problem in drop_unusable_parts(manifest, config.output_dir).items():
+    for shard_id, problem in drop_unusable_parts(manifest, config.output_dir, unusable).items():
         print(f"{part_name(shard_id)} of committed shard {shard_id} is {problem}; generating "
               "it again", file=sys.stderr)
     if manifest.shards:

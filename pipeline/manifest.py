@@ -153,15 +153,21 @@ def clear_outputs(output_dir: str) -> None:
             os.remove(path)
 
 
-def drop_unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
+def drop_unusable_parts(manifest: Manifest, output_dir: str,
+                        unusable: dict[int, str] | None = None) -> dict[int, str]:
     """Forget committed shards whose part file was deleted or damaged since (its bytes not the
     ones committed, where the manifest has their digest; else its Parquet footer unreadable or
     its row count not the one committed), so they are generated again; returns {shard id: what
-    is wrong with its part file}. Reads every committed part file once (a hash of its bytes)."""
-    unusable = unusable_parts(manifest, output_dir)
+    is wrong with its part file}. Reads every committed part file once (a hash of its bytes),
+    unless given what unusable_parts found."""
+    if unusable is None:
+        unusable = unusable_parts(manifest, output_dir)
     for k in unusable:
         del manifest.shards[k]
     return unusable
+
+
+MISSING = "missing"  # unusable_parts' word for a part file that is not there
 
 
 def unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
@@ -170,7 +176,7 @@ def unusable_parts(manifest: Manifest, output_dir: str) -> dict[int, str]:
     for k, counts in manifest.shards.items():
         path = os.path.join(output_dir, part_name(k))
         if not os.path.exists(path):
-            unusable[k] = "missing"
+            unusable[k] = MISSING
             continue
         try:
             rows = pq.ParquetFile(path).metadata.num_rows

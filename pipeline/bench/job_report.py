@@ -37,11 +37,12 @@ from pipeline.manifest import (
     JOB_PLOTS,
     JOB_REPORT_FILE,
     MANIFEST_FILE,
+    MISSING,
     SUCCESS_FILE,
     DamagedManifest,
     Manifest,
-    file_digest,
     load_manifest,
+    unusable_parts,
 )
 from pipeline.sources import part_name
 from pipeline.stats import STATS_FILE, Counts, total
@@ -74,8 +75,11 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     committed = {sid: recorded[sid] if sid in recorded else _part_file_time(directory, sid)
                  for sid in shards}
     from_files = sum(1 for sid in shards if sid not in recorded and committed[sid] is not None)
-    missing = [sid for sid in shards if not os.path.exists(os.path.join(directory, part_name(sid)))]
-    damaged = _damaged_parts(directory, manifest, [sid for sid in shards if sid not in missing])
+    # what a resume would regenerate (with the digests a manifest keeps; by footer and row count
+    # where there is none)
+    problems = unusable_parts(manifest or Manifest({}, [], len(shards), shards), directory)
+    missing = [sid for sid, why in problems.items() if why == MISSING]
+    damaged = [sid for sid, why in problems.items() if why != MISSING]
     totals = total(shards.values())
     runs = manifest.runs if manifest is not None else []
     spans = _spans(shards, committed)
@@ -143,26 +147,6 @@ def _counts_from_stats(row: dict[str, Any]) -> Counts:
         counts.accepted_per_position = [round(rate * counts.draft_steps)
                                         for rate in row.get("per_position_acceptance") or []]
     return counts
-
-
-def _damaged_parts(directory: str, manifest: Manifest | None, shard_ids: list[int]) -> list[int]:
-    """Committed shards whose part file is not the one committed: other bytes than the digest
-    the manifest keeps, or (for shards committed without one) a footer that cannot be read."""
-    damaged = []
-    for sid in shard_ids:
-        path = os.path.join(directory, part_name(sid))
-        digest = None if manifest is None else manifest.part_digests.get(sid)
-        try:
-            if digest is not None:
-                intact = file_digest(path) == digest
-            else:
-                pq.ParquetFile(path)
-                intact = True
-        except (OSError, pa.ArrowException, ValueError):
-            intact = False
-        if not intact:
-            damaged.append(sid)
-    return damaged
 
 
 def _part_file_time(directory: str, shard_id: int) -> float | None:

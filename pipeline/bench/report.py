@@ -99,22 +99,22 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
            f"n-gram lookup drafts {_lookups(config)}"
            if any(k > 0 for k in config.get("ks", ())) else ""),
     ]
-    asked = config.get("batch_sizes", [])
+    missing = [b for b in config.get("batch_sizes", []) if b not in ran]
+    repeats = config.get("repeats") or 0
+    rounds = rounds or {}
     if "interrupted" in meta:
-        done = "; ".join(f"batch {b}: {rounds[b]} of {config.get('repeats')}"
-                         for b in ran if rounds and b in rounds)
+        done = "; ".join(f"batch {b}: {rounds[b]} of {repeats}" for b in ran if b in rounds)
         lines += ["", f"> **Interrupted** (Ctrl-C or SIGTERM) at batch size "
                   f"{meta['interrupted']}: this report holds the rounds that finished before "
                   f"it, batch size(s) {ran}" + (f" (rounds {done})" if done else "")
-                  + (f"; {missing} did not run." if (missing := [b for b in asked if b not in ran])
-                     else ".")]
-    elif (missing := [b for b in asked if b not in ran]) or any(
-            n < (config.get("repeats") or 0) for n in (rounds or {}).values()):
-        short = "; ".join(f"batch {b}: {rounds[b]} of {config.get('repeats')} rounds"
-                          for b in ran if rounds and rounds.get(b, 0) < config.get("repeats", 0))
-        lines += ["", "> **Incomplete.** The bench stopped (it was killed?) before all its runs: "
-                  + "; ".join(p for p in (f"batch size(s) {missing} did not run" if missing
-                                          else "", short) if p) + "."]
+                  + (f"; {missing} did not run." if missing else ".")]
+    else:
+        short = [f"batch {b}: {rounds[b]} of {repeats} rounds" for b in ran
+                 if rounds.get(b, repeats) < repeats]
+        if missing or short:
+            lines += ["", "> **Incomplete.** The bench stopped (it was killed?) before all its "
+                      "runs: " + "; ".join(([f"batch size(s) {missing} did not run"]
+                                            if missing else []) + short) + "."]
     if isinstance(prompts, int) and (over := [b for b in ran if b > prompts]):
         lines.append(f"- batch size(s) {over} exceed the {prompts} prompts: at most {prompts} "
                      f"requests were in flight there, so those figures are batch {prompts}'s")
