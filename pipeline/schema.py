@@ -113,8 +113,8 @@ _OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "top_k": "an integer", "seed
 
 
 def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:
-    """How `schema` differs from `first` in columns and types (metadata and nullability aside),
-    or None."""
+    """How `schema` differs from `first` in columns and types (metadata, nullability and the
+    columns' order aside: a file is read in the first file's column order), or None."""
     if _nullable(schema).equals(_nullable(first), check_metadata=False):
         return None
     if (twice := repeated_name(schema.names)) is not None:
@@ -128,7 +128,7 @@ def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:
         mine, theirs = schema.field(name), first.field(name)
         if mine.type != theirs.type:
             return f"column {name!r} is {mine.type}, not {theirs.type}"
-    return f"the columns are in another order ({', '.join(schema.names)})"
+    return None  # the same columns in another order
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

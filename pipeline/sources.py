@@ -40,6 +40,9 @@ class InputFile:
     # a digest of the Parquet footer (row groups' offsets, sizes and column statistics): tells
     # a file rewritten with its old size and modification time (`touch -r`) from the original
     footer: str = ""
+    # the first input file's column order, where this file has its columns in another order
+    # (its rows are read in that order, so every part file has one schema); () when the same
+    columns: tuple[str, ...] = ()
 
     @property
     def stem(self) -> str:
@@ -167,8 +170,9 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
                            f"every input file must have the same columns and types")
         stat = os.stat(path)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        order = tuple(first_schema.names) if schema.names != first_schema.names else ()
         files.append(InputFile(path, stat.st_size, stat.st_mtime_ns, meta.num_rows, groups,
-                               footer=footer_digest(path)))
+                               footer=footer_digest(path), columns=order))
     assert first_schema is not None
     if not has_id:
         _check_stems_unique(files, config.id_column)

@@ -93,6 +93,8 @@ def read_shard_table(shard: Shard) -> pa.Table:
     batches = list(read_shard(shard))
     table = (pa.Table.from_batches(batches) if batches
              else pq.ParquetFile(shard.file.path).schema_arrow.empty_table())
+    if shard.file.columns:  # its columns in another order than the first input file's
+        table = table.select(list(shard.file.columns))
     if table.num_rows != shard.num_rows:
         raise JobError(f"{shard.file.path}: expected {shard.num_rows} rows from row {shard.start}, "
                        f"read {table.num_rows}; was the file changed during the job?")

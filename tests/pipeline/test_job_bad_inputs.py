@@ -125,6 +125,29 @@ def test_files_whose_schemas_differ_are_refused_naming_the_column(
     assert not (tmp_path / "out").exists()
 
 
+def test_files_with_the_same_columns_in_another_order_are_read_in_the_first_files_order(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """Writers differ in column order (pandas, Spark, a hand-built table): the rows of every
+    file come out in the first file's order, so all part files have one schema."""
+    write_parquet(tmp_path / "in" / "a.parquet",
+                  {"id": ["a", "b"], "prompt": PROMPTS[:2], "n": [1, 2]})
+    write_parquet(tmp_path / "in" / "b.parquet",
+                  {"n": [3, None, 5], "prompt": [PROMPTS[2], None, PROMPTS[0]],
+                   "id": ["c", "d", "e"]})
+    summary = run_job(_config(tmp_path, tiny_model_dir), lambda _: tiny_engine, progress=False)
+    assert (summary.totals.rows, summary.totals.errors, summary.complete) == (5, 1, True)
+    schemas = [pq.read_schema(p) for p in sorted((tmp_path / "out").glob("part-*.parquet"))]
+    assert len(schemas) == 3 and all(s.equals(schemas[0]) for s in schemas)
+    assert schemas[0].names[:3] == ["id", "prompt", "n"]
+    rows = read_parts(tmp_path / "out").to_pylist()
+    assert [(r["id"], r["prompt"], r["n"], r["error"]) for r in rows] == [
+        ("a", PROMPTS[0], 1, None), ("b", PROMPTS[1], 2, None), ("c", PROMPTS[2], 3, None),
+        ("d", None, None, "prompt is null"), ("e", PROMPTS[0], 5, None)]
+    assert [r["completion_token_ids"] for r in rows] == [
+        _greedy(tiny_engine, PROMPTS[0]), _greedy(tiny_engine, PROMPTS[1]),
+        _greedy(tiny_engine, PROMPTS[2]), None, _greedy(tiny_engine, PROMPTS[0])]
+
+
 def test_files_that_differ_only_in_nullability_run_as_one_job(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     """Spark writes columns without nulls as required, pandas as optional; a job may get both.
