@@ -181,8 +181,9 @@ def main() -> None:
                    "cluster's CPUs between them, at least one each].")
 def generate(**options: Any) -> None:
     """Generate a completion for every row of INPUT (a Parquet file, a directory of Parquet files
-    or a glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json.
-    Rerunning the same command resumes an interrupted job."""
+    at its top or in Hive partition folders such as lang=en/, whose values become columns, or a
+    glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json. Rerunning
+    the same command resumes an interrupted job."""
     from pipeline.job import JobInterrupted, rerun_hint, run_job  # `--help` needs no torch
     from pipeline.manifest import SUCCESS_FILE  # noqa: PLC0415
 

@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import sys
+import urllib.parse
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -43,10 +44,16 @@ class InputFile:
     # the first input file's column order, where this file has its columns in another order
     # (its rows are read in that order, so every part file has one schema); () when the same
     columns: tuple[str, ...] = ()
+    # Hive partition values from the folders under a directory INPUT (lang=en/part-0.parquet:
+    # (("lang", "en"),)), added to its rows as string columns; None for __HIVE_DEFAULT_PARTITION__
+    partitions: tuple[tuple[str, str | None], ...] = ()
+    # its path under a directory INPUT without the suffix, for files in partition folders (whose
+    # names repeat from folder to folder): the prefix of generated ids; "" for the file's stem
+    id_prefix: str = ""
 
     @property
     def stem(self) -> str:
-        return os.path.splitext(os.path.basename(self.path))[0]
+        return self.id_prefix or os.path.splitext(os.path.basename(self.path))[0]
 
     def fingerprint(self) -> dict[str, Any]:
         return {"path": os.path.abspath(self.path), "size": self.size, "mtime_ns": self.mtime_ns,
@@ -101,13 +108,14 @@ class InputPlan(NamedTuple):
 
 
 def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
-    """INPUT is a Parquet file, a directory of Parquet files (sorted by name) or a glob. A glob
-    leaves out the files a job writes in output_dir ('data/*/*.parquet' into data/out matches
-    data/out/part-00000.parquet once the job has written it)."""
+    """INPUT is a Parquet file, a directory of Parquet files (sorted by name; in Hive partition
+    folders too) or a glob. A glob leaves out the files a job writes in output_dir
+    ('data/*/*.parquet' into data/out matches data/out/part-00000.parquet once the job has
+    written it); so does a directory."""
     if os.path.isfile(spec):
         return [spec]
     if os.path.isdir(spec):
-        return _directory_files(spec)
+        return _directory_files(spec, output_dir)
     found = glob.glob(spec, recursive=True)
     matches = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     if not matches:
@@ -120,29 +128,74 @@ def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
     return matches
 
 
-def _directory_files(directory: str) -> list[str]:
-    """The .parquet files (any case of the suffix; not hidden: `_SUCCESS`, `.crc`, ...) at the
-    top of `directory`, sorted by name. Parquet files in its subfolders (Hive partitions, a
-    Spark `x.parquet/` folder) are not read, so a directory that has any is refused: leaving
-    their rows out without a word would lose them."""
-    visible = sorted(n for n in os.listdir(directory) if not n.startswith((".", "_")))
-    names = [n for n in visible if n.lower().endswith(".parquet")
-             and os.path.isfile(os.path.join(directory, n))]
-    nested = next((os.path.relpath(os.path.join(root, f), directory)
-                   for n in visible if os.path.isdir(os.path.join(directory, n))
-                   for root, _, files in sorted(os.walk(os.path.join(directory, n)))
-                   for f in sorted(files)
-                   if f.lower().endswith(".parquet") and not f.startswith((".", "_"))), None)
-    if nested is not None:
-        where = "as well as at its top" if names else "but none at its top"
-        raise JobError(f"input directory {directory} has Parquet files in subfolders ({nested}) "
-                       f"{where}; a directory INPUT reads only the files at its top: give a glob "
-                       f"that matches every file you mean, e.g. "
-                       f"'{os.path.join(directory, '**', '*.parquet')}' (values in folder names "
-                       f"such as key=value are not read as columns)")
-    if not names:
+def _is_parquet_name(name: str) -> bool:
+    """A .parquet file (any case of the suffix) that is not hidden (`_SUCCESS`, `.crc`, ...)."""
+    return name.lower().endswith(".parquet") and not name.startswith((".", "_"))
+
+
+def _directory_files(directory: str, output_dir: str | None = None) -> list[str]:
+    """The Parquet files of `directory`: those at its top, sorted by name, or those in Hive
+    partition folders (key=value, at the same depth everywhere: lang=en/part-0.parquet), sorted
+    by path. Hidden folders and files (`_temporary`, `.staging`, `_SUCCESS`) and output_dir's
+    part files are left out. Parquet files in any other folder (a Spark `x.parquet/` folder),
+    or both at the top and in partition folders, are refused: reading some and leaving the
+    others out without a word would lose their rows."""
+    skip = os.path.realpath(output_dir) if output_dir is not None else None
+    top: list[str] = []
+    nested: list[str] = []  # paths relative to directory
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_"))
+                         and os.path.realpath(os.path.join(root, d)) != skip)
+        rel = os.path.relpath(root, directory)
+        for name in sorted(n for n in files if _is_parquet_name(n)):
+            (top if rel == "." else nested).append(name if rel == "." else
+                                                   os.path.join(rel, name))
+    nested.sort()
+    if nested:
+        problem = _not_hive(nested, bool(top))
+        if problem is not None:
+            raise JobError(f"input directory {directory} has Parquet files in subfolders "
+                           f"({problem}); a directory INPUT reads the files at its top, or "
+                           f"those in Hive partition folders (key=value, the same keys "
+                           f"everywhere): give a glob that matches every file you mean, e.g. "
+                           f"'{os.path.join(directory, '**', '*.parquet')}' (a glob reads no "
+                           f"values from folder names)")
+        return [os.path.join(directory, n) for n in nested]
+    if not top:
         raise JobError(f"input directory {directory} holds no .parquet files")
-    return [os.path.join(directory, n) for n in names]
+    return [os.path.join(directory, n) for n in top]
+
+
+def _not_hive(nested: list[str], has_top: bool) -> str | None:
+    """Why files in subfolders (paths relative to the INPUT directory) are not one Hive-
+    partitioned dataset, or None where they are."""
+    first_keys: list[str] | None = None
+    for rel in nested:
+        folders = rel.split(os.sep)[:-1]
+        keys = [f.partition("=")[0] for f in folders]
+        if not all("=" in f and f.partition("=")[0] for f in folders):
+            return f"{rel}: a folder not named key=value"
+        if first_keys is None:
+            first_keys = keys
+        elif keys != first_keys:
+            return (f"{rel}: partition keys {'/'.join(keys)}, where {nested[0]} has "
+                    f"{'/'.join(first_keys)}")
+    if has_top:
+        return f"{nested[0]}, as well as files at its top"
+    return None
+
+
+def hive_partitions(path: str, directory: str) -> tuple[tuple[str, str | None], ...]:
+    """(key, value) of each key=value folder between `directory` and `path`, values
+    percent-decoded as Hive and Spark write them (__HIVE_DEFAULT_PARTITION__: None)."""
+    folders = os.path.relpath(path, directory).split(os.sep)[:-1]
+    pairs = []
+    for folder in folders:
+        key, _, value = folder.partition("=")
+        decoded = urllib.parse.unquote(value)
+        pairs.append((urllib.parse.unquote(key),
+                      None if decoded == "__HIVE_DEFAULT_PARTITION__" else decoded))
+    return tuple(pairs)
 
 
 def _written_by_job(path: str, output_dir: str | None) -> bool:
@@ -156,27 +209,44 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
     files: list[InputFile] = []
     first_schema: pa.Schema | None = None
     has_id = False
+    directory = config.input if os.path.isdir(config.input) else None
     for path in resolve_input(config.input, config.output_dir):
         try:
             meta = pq.ParquetFile(path).metadata
             schema = meta.schema.to_arrow_schema()
         except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: a name not UTF-8
             raise JobError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
+        partitions = hive_partitions(path, directory) if directory is not None else ()
         if first_schema is None:
             first_schema = schema
-            has_id = check_input_schema(schema, path, config)
+            has_id = check_input_schema(_with_partitions(schema, partitions, path), path, config)
         elif (difference := schema_difference(schema, first_schema)) is not None:
             raise JobError(f"{path}: its schema differs from {files[0].path}'s: {difference}; "
                            f"every input file must have the same columns and types")
         stat = os.stat(path)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
         order = tuple(first_schema.names) if schema.names != first_schema.names else ()
+        id_prefix = (os.path.splitext(os.path.relpath(path, directory))[0].replace(os.sep, "/")
+                     if partitions and directory is not None else "")
         files.append(InputFile(path, stat.st_size, stat.st_mtime_ns, meta.num_rows, groups,
-                               footer=footer_digest(path), columns=order))
+                               footer=footer_digest(path), columns=order, partitions=partitions,
+                               id_prefix=id_prefix))
     assert first_schema is not None
     if not has_id:
         _check_stems_unique(files, config.id_column)
-    return files, first_schema, has_id
+    return files, _with_partitions(first_schema, files[0].partitions, files[0].path), has_id
+
+
+def _with_partitions(schema: pa.Schema, partitions: tuple[tuple[str, str | None], ...],
+                     path: str) -> pa.Schema:
+    """The schema of a file's rows as the job reads them: its columns, then one string column
+    per Hive partition key."""
+    for key, _ in partitions:
+        if key in schema.names:
+            raise JobError(f"{path}: partition folder {key}=... names a column the file has; "
+                           f"rename the folder or the column")
+    return pa.schema(list(schema) + [pa.field(key, pa.string()) for key, _ in partitions],
+                     metadata=schema.metadata)
 
 
 def open_parquet(path: str) -> pq.ParquetFile:

@@ -95,6 +95,9 @@ def read_shard_table(shard: Shard) -> pa.Table:
              else pq.ParquetFile(shard.file.path).schema_arrow.empty_table())
     if shard.file.columns:  # its columns in another order than the first input file's
         table = table.select(list(shard.file.columns))
+    for key, value in shard.file.partitions:  # Hive partition folders: one value for every row
+        table = table.append_column(pa.field(key, pa.string()),
+                                    pa.array([value] * table.num_rows, pa.string()))
     if table.num_rows != shard.num_rows:
         raise JobError(f"{shard.file.path}: expected {shard.num_rows} rows from row {shard.start}, "
                        f"read {table.num_rows}; was the file changed during the job?")

@@ -125,6 +125,27 @@ def test_files_whose_schemas_differ_are_refused_naming_the_column(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_hive_partitioned_directory_gives_its_values_as_columns_and_resumes(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """lang=en/part-0.parquet, lang=fr/part-0.parquet (Spark's and Hive's layout): the folder
+    values are a string column of the output, ids are made from the paths under INPUT (the file
+    names repeat), and an OUTPUT_DIR inside INPUT is not read back as input on a rerun."""
+    write_parquet(tmp_path / "in" / "lang=fr" / "part-0.parquet", {"prompt": PROMPTS[:2]})
+    write_parquet(tmp_path / "in" / "lang=en" / "part-0.parquet", {"prompt": PROMPTS[2:]})
+    config = _config(tmp_path, tiny_model_dir, output_dir=str(tmp_path / "in" / "out"))
+    summary = run_job(config, lambda _: tiny_engine, progress=False)
+    assert (summary.totals.rows, summary.totals.errors, summary.complete) == (3, 0, True)
+    rows = read_parts(tmp_path / "in" / "out").to_pylist()
+    assert [(r["id"], r["prompt"], r["lang"]) for r in rows] == [
+        ("lang=en/part-0:0", PROMPTS[2], "en"), ("lang=fr/part-0:0", PROMPTS[0], "fr"),
+        ("lang=fr/part-0:1", PROMPTS[1], "fr")]
+    assert [r["completion_token_ids"] for r in rows] == [
+        _greedy(tiny_engine, p) for p in (PROMPTS[2], PROMPTS[0], PROMPTS[1])]
+    again = run_job(config, lambda _: tiny_engine, progress=False)  # a finished job: nothing to do
+    assert (again.totals.rows, again.complete) == (3, True)
+    assert read_parts(tmp_path / "in" / "out").to_pylist() == rows
+
+
 def test_files_with_the_same_columns_in_another_order_are_read_in_the_first_files_order(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     """Writers differ in column order (pandas, Spark, a hand-built table): the rows of every

@@ -36,26 +36,55 @@ def test_directory_lists_parquet_files_sorted_skipping_hidden_and_underscore(
                                             str(tmp_path / "b.parquet")]
 
 
-@pytest.mark.parametrize(("nested", "where"), [
-    ("sub/deep.parquet", "as well as at its top"),
-    ("x.parquet/part-0.parquet", "as well as at its top"),  # a Spark-style folder
-    ("lang=en/part-0.parquet", "but none at its top"),  # a Hive partition
+@pytest.mark.parametrize(("nested", "top", "problem"), [
+    ("sub/deep.parquet", True, "sub/deep.parquet: a folder not named key=value"),
+    ("x.parquet/part-0.parquet", True,  # a Spark-style folder
+     "x.parquet/part-0.parquet: a folder not named key=value"),
+    ("lang=en/part-0.parquet", True, "lang=en/part-0.parquet, as well as files at its top"),
+    ("lang=en/x=1/part-0.parquet", False,
+     "lang=en/x=1/part-0.parquet: partition keys lang/x, where lang=en/a.parquet has lang"),
 ])
-def test_a_directory_with_parquet_files_in_subfolders_is_refused(
-        tmp_path: Path, nested: str, where: str) -> None:
+def test_a_directory_with_parquet_files_in_other_subfolders_is_refused(
+        tmp_path: Path, nested: str, top: bool, problem: str) -> None:
     """Before, their rows were left out without a word (or, for a folder named x.parquet,
     'not a readable Parquet file')."""
-    if where.startswith("as well"):
+    if top:
         write_parquet(tmp_path / "top.parquet", _prompts(1))
+    else:
+        write_parquet(tmp_path / "lang=en" / "a.parquet", _prompts(1))
     write_parquet(tmp_path / nested, _prompts(1))
     with pytest.raises(JobError) as raised:
         resolve_input(str(tmp_path))
     assert str(raised.value) == (
-        f"input directory {tmp_path} has Parquet files in subfolders ({nested}) {where}; a "
-        f"directory INPUT reads only the files at its top: give a glob that matches every file "
-        f"you mean, e.g. '{tmp_path}/**/*.parquet' (values in folder names such as key=value are "
-        f"not read as columns)")
+        f"input directory {tmp_path} has Parquet files in subfolders ({problem}); a directory "
+        f"INPUT reads the files at its top, or those in Hive partition folders (key=value, the "
+        f"same keys everywhere): give a glob that matches every file you mean, e.g. "
+        f"'{tmp_path}/**/*.parquet' (a glob reads no values from folder names)")
     assert str(tmp_path / nested) in resolve_input(f"{tmp_path}/**/*.parquet")
+
+
+def test_a_directory_of_hive_partitions_reads_their_files_and_values(tmp_path: Path) -> None:
+    for folder, n in (("lang=fr", 2), ("lang=en", 1), ("lang=a%2Fb", 1),
+                      ("lang=__HIVE_DEFAULT_PARTITION__", 1)):
+        write_parquet(tmp_path / folder / "part-0.parquet",
+                      {"prompt": [f"{folder} {i}" for i in range(n)]})
+    write_parquet(tmp_path / "_temporary" / "lang=xx" / "part-0.parquet", {"prompt": ["x"]})
+    (tmp_path / "lang=en" / "_SUCCESS").write_text("")
+    files, schema, has_id = open_inputs(_config(tmp_path))
+    assert not has_id and schema.names == ["prompt", "lang"]
+    assert [(f.path, f.partitions, f.stem) for f in files] == [
+        (str(tmp_path / "lang=__HIVE_DEFAULT_PARTITION__" / "part-0.parquet"), (("lang", None),),
+         "lang=__HIVE_DEFAULT_PARTITION__/part-0"),
+        (str(tmp_path / "lang=a%2Fb" / "part-0.parquet"), (("lang", "a/b"),),
+         "lang=a%2Fb/part-0"),
+        (str(tmp_path / "lang=en" / "part-0.parquet"), (("lang", "en"),), "lang=en/part-0"),
+        (str(tmp_path / "lang=fr" / "part-0.parquet"), (("lang", "fr"),), "lang=fr/part-0")]
+    clash = write_parquet(tmp_path / "clash" / "lang=en" / "part-0.parquet",
+                          {"prompt": ["p"], "lang": ["en"]})
+    with pytest.raises(JobError, match=re.escape(
+            f"{clash}: partition folder lang=... names a column the file has; rename the folder "
+            f"or the column")):
+        open_inputs(_config(tmp_path / "clash"))
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
