@@ -108,7 +108,9 @@ def main() -> None:
               help="Input column holding the prompt text (string).")
 @click.option("--id-column", default="id", show_default=True,
               help="Input column of unique row ids (string or integer). If the input has no such "
-                   "column, ids '<file stem>:<row index>' are made and written to it.")
+                   "column, ids '<file stem>:<row index>' are made and written to it (for files "
+                   "in Hive partition folders, '<path under INPUT without .parquet>:<row "
+                   "index>', e.g. 'lang=en/part-0:0').")
 @click.option("--messages-column", default=None,
               help="Input column of chat messages, list<struct<role, content>>, used instead of "
                    "--prompt-column and rendered with the model's chat template.")

@@ -91,7 +91,7 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
             progress: bool = True) -> JobSummary:
     runner = _runner(config)
     files, schema, has_id = open_inputs(config)
-    _check_output_dir(config.output_dir, files)
+    _check_output_dir(config.output_dir, config.input, files)
     files = scan_inputs(files, config, has_id)
     plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
     created = not os.path.exists(config.output_dir)
@@ -147,7 +147,7 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
                       None if config.ray is None else seconds_before + elapsed)
 
 
-def _check_output_dir(output_dir: str, files: list[InputFile]) -> None:
+def _check_output_dir(output_dir: str, input_spec: str, files: list[InputFile]) -> None:
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise JobError(f"OUTPUT_DIR {output_dir} is a file, not a directory")
     real = os.path.realpath(output_dir)
@@ -156,6 +156,10 @@ def _check_output_dir(output_dir: str, files: list[InputFile]) -> None:
         raise JobError(f"OUTPUT_DIR {output_dir} holds the input file {inside[0]}; the job writes "
                        f"and deletes part files there (and a rerun would read them as input): "
                        f"choose another OUTPUT_DIR")
+    if os.path.isdir(input_spec) and os.path.realpath(input_spec) == real:
+        raise JobError(f"OUTPUT_DIR {output_dir} is the INPUT directory; the job's part files "
+                       f"would sit beside its partition folders (and a rerun would read them as "
+                       f"input): choose another OUTPUT_DIR, such as a folder inside it")
 
 
 @contextmanager

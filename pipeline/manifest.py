@@ -32,10 +32,9 @@ import pyarrow.parquet as pq
 
 from pipeline.atomic import is_temp_name, write_bytes_atomically
 from pipeline.config import JobError, one_line
-from pipeline.sources import is_part_name, part_name
+from pipeline.sources import MANIFEST_FILE, is_part_name, part_name
 from pipeline.stats import STATS_FILE, Counts, total
 
-MANIFEST_FILE = "manifest.json"
 # what `eaglebatch report` writes into a job's OUTPUT_DIR (pipeline.bench.job_report)
 JOB_REPORT_FILE = "report.md"
 JOB_PLOTS = {"throughput": "shard_tokens_per_s.png", "acceptance": "acceptance_by_position.png",

@@ -22,10 +22,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import JobConfig, JobError, one_line
-from pipeline.schema import check_input_schema, python_values, schema_difference
+from pipeline.schema import (
+    OVERRIDE_COLUMNS,
+    check_input_schema,
+    python_values,
+    schema_difference,
+)
 from pipeline.stats import STATS_FILE
 
 _SCAN_BATCH_ROWS = 8_192
+MANIFEST_FILE = "manifest.json"  # a job's, beside its part files (pipeline.manifest)
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
     """INPUT is a Parquet file, a directory of Parquet files (sorted by name; in Hive partition
     folders too) or a glob. A glob leaves out the files a job writes in output_dir
     ('data/*/*.parquet' into data/out matches data/out/part-00000.parquet once the job has
-    written it); so does a directory."""
+    written it); a directory leaves out output_dir if it is one of its folders."""
     if os.path.isfile(spec):
         return [spec]
     if os.path.isdir(spec):
@@ -136,23 +142,26 @@ def _is_parquet_name(name: str) -> bool:
 def _directory_files(directory: str, output_dir: str | None = None) -> list[str]:
     """The Parquet files of `directory`: those at its top, sorted by name, or those in Hive
     partition folders (key=value, at the same depth everywhere: lang=en/part-0.parquet), sorted
-    by path. Hidden folders and files (`_temporary`, `.staging`, `_SUCCESS`) and output_dir's
-    part files are left out. Parquet files in any other folder (a Spark `x.parquet/` folder),
-    or both at the top and in partition folders, are refused: reading some and leaving the
-    others out without a word would lose their rows."""
+    by path. Hidden folders and files (`_temporary`, `.staging`, `_SUCCESS`), output_dir and
+    any other job's output folder are left out. Parquet files in any other folder (a Spark
+    `x.parquet/` folder), or both at the top and in partition folders, are refused: reading
+    some and leaving the others out without a word would lose their rows."""
     skip = os.path.realpath(output_dir) if output_dir is not None else None
     top: list[str] = []
     nested: list[str] = []  # paths relative to directory
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_"))
-                         and os.path.realpath(os.path.join(root, d)) != skip)
+    seen = {os.path.realpath(directory)}  # folders walked: a symlink loop is walked once
+    for root, dirs, files in os.walk(directory, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if _is_data_folder(d)
+                         and os.path.realpath(os.path.join(root, d)) not in (seen | {skip})
+                         and not _is_job_output(os.path.join(root, d)))
+        seen.update(os.path.realpath(os.path.join(root, d)) for d in dirs)
         rel = os.path.relpath(root, directory)
         for name in sorted(n for n in files if _is_parquet_name(n)):
             (top if rel == "." else nested).append(name if rel == "." else
                                                    os.path.join(rel, name))
     nested.sort()
     if nested:
-        problem = _not_hive(nested, bool(top))
+        problem = _not_hive(nested, top)
         if problem is not None:
             raise JobError(f"input directory {directory} has Parquet files in subfolders "
                            f"({problem}); a directory INPUT reads the files at its top, or "
@@ -166,7 +175,20 @@ def _directory_files(directory: str, output_dir: str | None = None) -> list[str]
     return [os.path.join(directory, n) for n in top]
 
 
-def _not_hive(nested: list[str], has_top: bool) -> str | None:
+def _is_data_folder(name: str) -> bool:
+    """Not a hidden folder (`.staging`, Spark's `_temporary`); as Spark reads them, a folder
+    whose name starts with `_` but has a `=` is a partition (`_source=web`)."""
+    return not name.startswith(".") and (not name.startswith("_") or "=" in name)
+
+
+def _is_job_output(folder: str) -> bool:
+    """A job's OUTPUT_DIR (its manifest beside part files or stats.parquet): an earlier job's
+    output inside INPUT is not input."""
+    names = os.listdir(folder)
+    return MANIFEST_FILE in names and any(is_part_name(n) or n == STATS_FILE for n in names)
+
+
+def _not_hive(nested: list[str], top: list[str]) -> str | None:
     """Why files in subfolders (paths relative to the INPUT directory) are not one Hive-
     partitioned dataset, or None where they are."""
     first_keys: list[str] | None = None
@@ -180,8 +202,8 @@ def _not_hive(nested: list[str], has_top: bool) -> str | None:
         elif keys != first_keys:
             return (f"{rel}: partition keys {'/'.join(keys)}, where {nested[0]} has "
                     f"{'/'.join(first_keys)}")
-    if has_top:
-        return f"{nested[0]}, as well as files at its top"
+    if top:
+        return f"{nested[0]}, as well as {top[0]} at its top"
     return None
 
 
@@ -219,7 +241,8 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
         partitions = hive_partitions(path, directory) if directory is not None else ()
         if first_schema is None:
             first_schema = schema
-            has_id = check_input_schema(_with_partitions(schema, partitions, path), path, config)
+            has_id = check_input_schema(_with_partitions(schema, partitions, path, config), path,
+                                        config)
         elif (difference := schema_difference(schema, first_schema)) is not None:
             raise JobError(f"{path}: its schema differs from {files[0].path}'s: {difference}; "
                            f"every input file must have the same columns and types")
@@ -234,17 +257,29 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
     assert first_schema is not None
     if not has_id:
         _check_stems_unique(files, config.id_column)
-    return files, _with_partitions(first_schema, files[0].partitions, files[0].path), has_id
+    return (files, _with_partitions(first_schema, files[0].partitions, files[0].path, config),
+            has_id)
 
 
 def _with_partitions(schema: pa.Schema, partitions: tuple[tuple[str, str | None], ...],
-                     path: str) -> pa.Schema:
+                     path: str, config: JobConfig) -> pa.Schema:
     """The schema of a file's rows as the job reads them: its columns, then one string column
-    per Hive partition key."""
+    per Hive partition key. A key that names a column of the file, or one the job reads (the
+    id, prompt or messages column, a per-row override), is refused: the job reads those from
+    the files' own columns."""
+    read = {config.id_column: "the id column (--id-column)",
+            config.prompt_column: "the prompt column (--prompt-column)",
+            **{name: f"a per-row {name}" for name in OVERRIDE_COLUMNS}}
+    if config.messages_column is not None:
+        read[config.messages_column] = "the messages column (--messages-column)"
     for key, _ in partitions:
         if key in schema.names:
             raise JobError(f"{path}: partition folder {key}=... names a column the file has; "
                            f"rename the folder or the column")
+        if key in read:
+            raise JobError(f"{path}: partition folder {key}=... names {read[key]}, which is read "
+                           f"from the files' own columns, not from folder names (whose values "
+                           f"are strings); rename the folder")
     return pa.schema(list(schema) + [pa.field(key, pa.string()) for key, _ in partitions],
                      metadata=schema.metadata)
 

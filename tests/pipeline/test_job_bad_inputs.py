@@ -144,6 +144,20 @@ def test_a_hive_partitioned_directory_gives_its_values_as_columns_and_resumes(
     again = run_job(config, lambda _: tiny_engine, progress=False)  # a finished job: nothing to do
     assert (again.totals.rows, again.complete) == (3, True)
     assert read_parts(tmp_path / "in" / "out").to_pylist() == rows
+    # OUTPUT_DIR = INPUT is refused before anything is written (before, the first run wrote its
+    # part files beside the partition folders, and every rerun was refused as "files at its top")
+    with pytest.raises(JobError, match=re.escape(
+            f"OUTPUT_DIR {tmp_path / 'in'} is the INPUT directory; the job's part files would sit "
+            f"beside its partition folders")):
+        run_job(_config(tmp_path, tiny_model_dir, output_dir=str(tmp_path / "in")),
+                lambda _: tiny_engine, progress=False)
+    assert sorted(p.name for p in (tmp_path / "in").iterdir()) == ["lang=en", "lang=fr", "out"]
+    # another OUTPUT_DIR: the earlier job's output folder inside INPUT is not read as input
+    # (before: refused as "out/part-00000.parquet: a folder not named key=value")
+    other = run_job(_config(tmp_path, tiny_model_dir, output_dir=str(tmp_path / "out2")),
+                    lambda _: tiny_engine, progress=False)
+    assert (other.totals.rows, other.complete) == (3, True)
+    assert read_parts(tmp_path / "out2").to_pylist() == rows
 
 
 def test_files_with_the_same_columns_in_another_order_are_read_in_the_first_files_order(

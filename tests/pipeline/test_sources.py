@@ -40,7 +40,7 @@ def test_directory_lists_parquet_files_sorted_skipping_hidden_and_underscore(
     ("sub/deep.parquet", True, "sub/deep.parquet: a folder not named key=value"),
     ("x.parquet/part-0.parquet", True,  # a Spark-style folder
      "x.parquet/part-0.parquet: a folder not named key=value"),
-    ("lang=en/part-0.parquet", True, "lang=en/part-0.parquet, as well as files at its top"),
+    ("lang=en/part-0.parquet", True, "lang=en/part-0.parquet, as well as top.parquet at its top"),
     ("lang=en/x=1/part-0.parquet", False,
      "lang=en/x=1/part-0.parquet: partition keys lang/x, where lang=en/a.parquet has lang"),
 ])
@@ -69,6 +69,7 @@ def test_a_directory_of_hive_partitions_reads_their_files_and_values(tmp_path: P
         write_parquet(tmp_path / folder / "part-0.parquet",
                       {"prompt": [f"{folder} {i}" for i in range(n)]})
     write_parquet(tmp_path / "_temporary" / "lang=xx" / "part-0.parquet", {"prompt": ["x"]})
+    write_parquet(tmp_path / ".staging" / "lang=yy" / "part-0.parquet", {"prompt": ["x"]})
     (tmp_path / "lang=en" / "_SUCCESS").write_text("")
     files, schema, has_id = open_inputs(_config(tmp_path))
     assert not has_id and schema.names == ["prompt", "lang"]
@@ -85,6 +86,49 @@ def test_a_directory_of_hive_partitions_reads_their_files_and_values(tmp_path: P
             f"{clash}: partition folder lang=... names a column the file has; rename the folder "
             f"or the column")):
         open_inputs(_config(tmp_path / "clash"))
+
+
+@pytest.mark.parametrize(("key", "what", "kw"), [
+    ("id", "the id column (--id-column)", {}),
+    ("key", "the id column (--id-column)", {"id_column": "key"}),
+    ("text", "the prompt column (--prompt-column)", {"prompt_column": "text"}),
+    ("max_tokens", "a per-row max_tokens", {}),
+])
+def test_a_partition_key_the_job_reads_as_a_column_is_refused(
+        tmp_path: Path, key: str, what: str, kw: dict[str, str]) -> None:
+    """Before, an id=1/ folder was taken for the id column and the scan failed with a KeyError
+    traceback; a max_tokens=8/ folder was called a string column of the file."""
+    column = "prompt" if key != "text" else "other"
+    path = write_parquet(tmp_path / f"{key}=1" / "a.parquet", {column: ["p"]})
+    write_parquet(tmp_path / f"{key}=2" / "a.parquet", {column: ["q"]})
+    with pytest.raises(JobError) as raised:
+        plan_inputs(_config(tmp_path, **kw))
+    assert str(raised.value) == (
+        f"{path}: partition folder {key}=... names {what}, which is read from the files' own "
+        f"columns, not from folder names (whose values are strings); rename the folder")
+
+
+def test_partition_folders_under_a_symlink_or_named_with_an_underscore_and_a_key_are_read(
+        tmp_path: Path) -> None:
+    """os.walk does not enter a symlinked folder: its rows were left out without a word. A
+    folder such as _source=web is a partition (as Spark reads it), not a hidden folder."""
+    data = tmp_path / "data"
+    write_parquet(data / "lang=en" / "a.parquet", {"prompt": ["p"]})
+    write_parquet(tmp_path / "elsewhere" / "lang=de" / "a.parquet", {"prompt": ["q"]})
+    (data / "lang=de").symlink_to(tmp_path / "elsewhere" / "lang=de")
+    (data / "lang=en" / "loop").symlink_to(data)  # a loop is walked once, not forever
+    assert resolve_input(str(data)) == [str(data / "lang=de" / "a.parquet"),
+                                        str(data / "lang=en" / "a.parquet")]
+    flat = tmp_path / "flat"
+    write_parquet(flat / "a.parquet", {"prompt": ["p"]})
+    (flat / "more").symlink_to(tmp_path / "elsewhere")  # not named key=value: refused, as before
+    with pytest.raises(JobError, match=re.escape("(more/lang=de/a.parquet: a folder not named")):
+        resolve_input(str(flat))
+    under = tmp_path / "under"
+    write_parquet(under / "_source=web" / "a.parquet", {"prompt": ["p"]})
+    files, schema, _ = open_inputs(_config(under))
+    assert schema.names == ["prompt", "_source"]
+    assert files[0].partitions == (("_source", "web"),)
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
