@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import pipeline.progress as progress
@@ -12,8 +14,28 @@ def test_the_rate_is_drawn_before_any_row_finishes(monkeypatch: pytest.MonkeyPat
     """One prompt with --n 100000: no row finishes for minutes, and the bar stood still."""
     clock = iter([0.0, 1.0, 2.0, 3.0])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     bar = progress.Progress(1, 0)  # start: 0.0
     capsys.readouterr()
     bar.tokens_generated(50)  # at 1.0: 50 tokens in 1 s
     assert "50.0 tok/s" in capsys.readouterr().err
+    bar.tokens_generated(50)  # at 2.0
+    assert "50.0 tok/s" in capsys.readouterr().err
+    bar.close()
+
+
+def test_into_a_log_file_the_rate_is_drawn_every_30_seconds(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduled job's stderr is a file: redraws twice a second filled its log (megabytes of
+    them over a long job)."""
+    clock = iter([0.0, 1.0, 2.0, 29.0, 31.0, 40.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    bar = progress.Progress(1, 0)  # start: 0.0
+    capsys.readouterr()
+    drawn = []
+    for _ in range(5):  # at 1, 2, 29, 31 and 40 s: 10 tokens each time
+        bar.tokens_generated(10)
+        drawn.append(capsys.readouterr().err.count("tok/s"))
+    assert drawn == [1, 0, 0, 1, 0]  # the first, then 30 s after it
     bar.close()
