@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from pipeline.atomic import is_temp_name, write_bytes_atomically
 from pipeline.config import JobError, one_line
-from pipeline.sources import MANIFEST_FILE, is_part_name, part_name
+from pipeline.discover import MANIFEST_FILE, is_part_name, part_name
 from pipeline.stats import STATS_FILE, Counts, total
 
 # what `eaglebatch report` writes into a job's OUTPUT_DIR (pipeline.bench.job_report)
@@ -214,6 +214,12 @@ def with_input_digests(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f | {"sha256": file_digest(f["path"])} for f in inputs]
 
 
+def _partition_text(partitions: list[list[str | None]] | None) -> str:
+    if not partitions:
+        return "no partition columns"
+    return "partition columns " + ", ".join(f"{key}={value}" for key, value in partitions)
+
+
 def _input_change(old: list[dict[str, Any]], new: list[dict[str, Any]]
                   ) -> tuple[str | None, list[str]]:
     """(how the input changed, or None; the files whose modification time alone changed, their
@@ -231,6 +237,10 @@ def _input_change(old: list[dict[str, Any]], new: list[dict[str, Any]]
         before = old_by_path[path]
         if before["size"] != f["size"]:
             return f"{path} size {before['size']} -> {f['size']} bytes", []
+        if before.get("partitions", []) != f.get("partitions", []):
+            was, now = (_partition_text(x.get("partitions")) for x in (before, f))
+            return (f"{path} was read with {was}, now with {now} (a directory INPUT reads "
+                    f"partition folders' values, a glob does not)"), []
         footers = before.get("footer"), f.get("footer")  # manifests before 2026-12-06: none
         if all(footers) and footers[0] != footers[1]:
             return (f"{path} was rewritten (the same size, other row groups or column "

@@ -18,7 +18,9 @@ through unchanged, followed by:
     error                 string       why the row could not be generated; null when fine
 
 When the input has no id column, a string column named after --id-column is put first, holding
-`<file stem>:<row index>`.
+`<file stem>:<row index>` (for files in Hive partition folders, `<path under INPUT without its
+suffix>:<row index>`: pipeline.sources.InputFile.id_stem). Columns of Hive partition folders
+follow the input's own, as strings.
 """
 
 from __future__ import annotations

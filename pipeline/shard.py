@@ -65,7 +65,7 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
 def _row_ids(table: pa.Table, shard: Shard, ctx: ShardContext) -> list[str]:
     if ctx.has_id_column:
         return [str(v) for v in table.column(ctx.id_column).to_pylist()]
-    return [f"{shard.file.stem}:{shard.start + i}" for i in range(table.num_rows)]
+    return [f"{shard.file.id_stem}:{shard.start + i}" for i in range(table.num_rows)]
 
 
 def _row_outputs(prepared: Sequence[PreparedRow], results: Sequence[Completion | None], n: int,

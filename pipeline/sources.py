@@ -6,12 +6,9 @@ globally in input order, and shard k is written to part-{k:05d}.parquet.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
-import re
 import sys
-import urllib.parse
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -22,16 +19,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import JobConfig, JobError, one_line
+from pipeline.discover import Partitions, discover_inputs, part_name
 from pipeline.schema import (
     OVERRIDE_COLUMNS,
     check_input_schema,
     python_values,
     schema_difference,
 )
-from pipeline.stats import STATS_FILE
 
 _SCAN_BATCH_ROWS = 8_192
-MANIFEST_FILE = "manifest.json"  # a job's, beside its part files (pipeline.manifest)
 
 
 @dataclass(frozen=True)
@@ -51,19 +47,26 @@ class InputFile:
     # (its rows are read in that order, so every part file has one schema); () when the same
     columns: tuple[str, ...] = ()
     # Hive partition values from the folders under a directory INPUT (lang=en/part-0.parquet:
-    # (("lang", "en"),)), added to its rows as string columns; None for __HIVE_DEFAULT_PARTITION__
-    partitions: tuple[tuple[str, str | None], ...] = ()
-    # its path under a directory INPUT without the suffix, for files in partition folders (whose
-    # names repeat from folder to folder): the prefix of generated ids; "" for the file's stem
+    # (("lang", "en"),)), added to its rows as string columns (pipeline.discover.Found)
+    partitions: Partitions = ()
+    # its path under a directory INPUT without the suffix, for files in partition folders: the
+    # prefix of generated ids (pipeline.discover.Found); "" for the file's stem
     id_prefix: str = ""
 
     @property
-    def stem(self) -> str:
+    def id_stem(self) -> str:
+        """What ids made for its rows start with: '<id_stem>:<row index>'."""
         return self.id_prefix or os.path.splitext(os.path.basename(self.path))[0]
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"path": os.path.abspath(self.path), "size": self.size, "mtime_ns": self.mtime_ns,
-                "footer": self.footer}
+        """What a resume compares (pipeline.manifest); partitions only where the file has them,
+        so a job started from a glob is not resumed from the directory (its rows would gain
+        the partition columns, its ids another prefix), nor the other way round."""
+        fields: dict[str, Any] = {"path": os.path.abspath(self.path), "size": self.size,
+                                   "mtime_ns": self.mtime_ns, "footer": self.footer}
+        if self.partitions:
+            fields["partitions"] = [list(pair) for pair in self.partitions]
+        return fields
 
     def row_groups(self) -> Iterator[tuple[int, int, int]]:
         """(row group, its first row, its rows), in file order."""
@@ -94,136 +97,11 @@ class Shard:
                 if start < self.stop and start + rows > self.start]
 
 
-def part_name(shard_id: int) -> str:
-    return f"part-{shard_id:05d}.parquet"
-
-
-_PART_NAME = re.compile(r"part-\d{5,}\.parquet")
-
-
-def is_part_name(name: str) -> bool:
-    """Whether `name` is a part file's (part-00000.parquet, part-123456.parquet)."""
-    return _PART_NAME.fullmatch(name) is not None
-
-
 class InputPlan(NamedTuple):
     files: list[InputFile]
     schema: pa.Schema  # of every input file
-    has_id_column: bool  # False: ids are made as "<file stem>:<row index>"
+    has_id_column: bool  # False: ids are made as "<InputFile.id_stem>:<row index>"
     shards: list[Shard]
-
-
-def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
-    """INPUT is a Parquet file, a directory of Parquet files (sorted by name; in Hive partition
-    folders too) or a glob. A glob leaves out the files a job writes in output_dir
-    ('data/*/*.parquet' into data/out matches data/out/part-00000.parquet once the job has
-    written it); a directory leaves out output_dir if it is one of its folders."""
-    if os.path.isfile(spec):
-        return [spec]
-    if os.path.isdir(spec):
-        return _directory_files(spec, output_dir)
-    found = glob.glob(spec, recursive=True)
-    matches = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
-    if not matches:
-        if any(os.path.isdir(p) for p in found):
-            raise JobError(f"input {spec}: the glob matches only directories; match the files "
-                           f"in them (e.g. {os.path.join(spec, '*.parquet')})")
-        if found:
-            raise JobError(f"input {spec}: the glob matches only the job's own output files")
-        raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
-    return matches
-
-
-def _is_parquet_name(name: str) -> bool:
-    """A .parquet file (any case of the suffix) that is not hidden (`_SUCCESS`, `.crc`, ...)."""
-    return name.lower().endswith(".parquet") and not name.startswith((".", "_"))
-
-
-def _directory_files(directory: str, output_dir: str | None = None) -> list[str]:
-    """The Parquet files of `directory`: those at its top, sorted by name, or those in Hive
-    partition folders (key=value, at the same depth everywhere: lang=en/part-0.parquet), sorted
-    by path. Hidden folders and files (`_temporary`, `.staging`, `_SUCCESS`), output_dir and
-    any other job's output folder are left out. Parquet files in any other folder (a Spark
-    `x.parquet/` folder), or both at the top and in partition folders, are refused: reading
-    some and leaving the others out without a word would lose their rows."""
-    skip = os.path.realpath(output_dir) if output_dir is not None else None
-    top: list[str] = []
-    nested: list[str] = []  # paths relative to directory
-    seen = {os.path.realpath(directory)}  # folders walked: a symlink loop is walked once
-    for root, dirs, files in os.walk(directory, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if _is_data_folder(d)
-                         and os.path.realpath(os.path.join(root, d)) not in (seen | {skip})
-                         and not _is_job_output(os.path.join(root, d)))
-        seen.update(os.path.realpath(os.path.join(root, d)) for d in dirs)
-        rel = os.path.relpath(root, directory)
-        for name in sorted(n for n in files if _is_parquet_name(n)):
-            (top if rel == "." else nested).append(name if rel == "." else
-                                                   os.path.join(rel, name))
-    nested.sort()
-    if nested:
-        problem = _not_hive(nested, top)
-        if problem is not None:
-            raise JobError(f"input directory {directory} has Parquet files in subfolders "
-                           f"({problem}); a directory INPUT reads the files at its top, or "
-                           f"those in Hive partition folders (key=value, the same keys "
-                           f"everywhere): give a glob that matches every file you mean, e.g. "
-                           f"'{os.path.join(directory, '**', '*.parquet')}' (a glob reads no "
-                           f"values from folder names)")
-        return [os.path.join(directory, n) for n in nested]
-    if not top:
-        raise JobError(f"input directory {directory} holds no .parquet files")
-    return [os.path.join(directory, n) for n in top]
-
-
-def _is_data_folder(name: str) -> bool:
-    """Not a hidden folder (`.staging`, Spark's `_temporary`); as Spark reads them, a folder
-    whose name starts with `_` but has a `=` is a partition (`_source=web`)."""
-    return not name.startswith(".") and (not name.startswith("_") or "=" in name)
-
-
-def _is_job_output(folder: str) -> bool:
-    """A job's OUTPUT_DIR (its manifest beside part files or stats.parquet): an earlier job's
-    output inside INPUT is not input."""
-    names = os.listdir(folder)
-    return MANIFEST_FILE in names and any(is_part_name(n) or n == STATS_FILE for n in names)
-
-
-def _not_hive(nested: list[str], top: list[str]) -> str | None:
-    """Why files in subfolders (paths relative to the INPUT directory) are not one Hive-
-    partitioned dataset, or None where they are."""
-    first_keys: list[str] | None = None
-    for rel in nested:
-        folders = rel.split(os.sep)[:-1]
-        keys = [f.partition("=")[0] for f in folders]
-        if not all("=" in f and f.partition("=")[0] for f in folders):
-            return f"{rel}: a folder not named key=value"
-        if first_keys is None:
-            first_keys = keys
-        elif keys != first_keys:
-            return (f"{rel}: partition keys {'/'.join(keys)}, where {nested[0]} has "
-                    f"{'/'.join(first_keys)}")
-    if top:
-        return f"{nested[0]}, as well as {top[0]} at its top"
-    return None
-
-
-def hive_partitions(path: str, directory: str) -> tuple[tuple[str, str | None], ...]:
-    """(key, value) of each key=value folder between `directory` and `path`, values
-    percent-decoded as Hive and Spark write them (__HIVE_DEFAULT_PARTITION__: None)."""
-    folders = os.path.relpath(path, directory).split(os.sep)[:-1]
-    pairs = []
-    for folder in folders:
-        key, _, value = folder.partition("=")
-        decoded = urllib.parse.unquote(value)
-        pairs.append((urllib.parse.unquote(key),
-                      None if decoded == "__HIVE_DEFAULT_PARTITION__" else decoded))
-    return tuple(pairs)
-
-
-def _written_by_job(path: str, output_dir: str | None) -> bool:
-    name = os.path.basename(path)
-    return (output_dir is not None and (is_part_name(name) or name == STATS_FILE)
-            and os.path.realpath(os.path.dirname(path)) == os.path.realpath(output_dir))
 
 
 def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
@@ -231,38 +109,33 @@ def open_inputs(config: JobConfig) -> tuple[list[InputFile], pa.Schema, bool]:
     files: list[InputFile] = []
     first_schema: pa.Schema | None = None
     has_id = False
-    directory = config.input if os.path.isdir(config.input) else None
-    for path in resolve_input(config.input, config.output_dir):
+    for path, partitions, id_prefix in discover_inputs(config.input, config.output_dir):
         try:
             meta = pq.ParquetFile(path).metadata
             schema = meta.schema.to_arrow_schema()
         except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: a name not UTF-8
             raise JobError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
-        partitions = hive_partitions(path, directory) if directory is not None else ()
         if first_schema is None:
             first_schema = schema
-            has_id = check_input_schema(_with_partitions(schema, partitions, path, config), path,
-                                        config)
+            read_schema = _with_partitions(schema, partitions, path, config)
+            has_id = check_input_schema(read_schema, path, config)
         elif (difference := schema_difference(schema, first_schema)) is not None:
             raise JobError(f"{path}: its schema differs from {files[0].path}'s: {difference}; "
                            f"every input file must have the same columns and types")
         stat = os.stat(path)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
         order = tuple(first_schema.names) if schema.names != first_schema.names else ()
-        id_prefix = (os.path.splitext(os.path.relpath(path, directory))[0].replace(os.sep, "/")
-                     if partitions and directory is not None else "")
         files.append(InputFile(path, stat.st_size, stat.st_mtime_ns, meta.num_rows, groups,
                                footer=footer_digest(path), columns=order, partitions=partitions,
                                id_prefix=id_prefix))
     assert first_schema is not None
     if not has_id:
         _check_stems_unique(files, config.id_column)
-    return (files, _with_partitions(first_schema, files[0].partitions, files[0].path, config),
-            has_id)
+    return files, read_schema, has_id
 
 
-def _with_partitions(schema: pa.Schema, partitions: tuple[tuple[str, str | None], ...],
-                     path: str, config: JobConfig) -> pa.Schema:
+def _with_partitions(schema: pa.Schema, partitions: Partitions, path: str,
+                     config: JobConfig) -> pa.Schema:
     """The schema of a file's rows as the job reads them: its columns, then one string column
     per Hive partition key. A key that names a column of the file, or one the job reads (the
     id, prompt or messages column, a per-row override), is refused: the job reads those from
@@ -439,9 +312,9 @@ def _find_duplicate(files: list[InputFile], id_column: str, hashes: set[int]) ->
 def _check_stems_unique(files: list[InputFile], id_column: str) -> None:
     seen: dict[str, str] = {}
     for f in files:
-        if f.stem in seen:
+        if f.id_stem in seen:
             raise JobError(f"no {id_column!r} column, and ids made from file names would repeat: "
-                           f"{seen[f.stem]} and {f.path}; add an id column (see --id-column)")
-        seen[f.stem] = f.path
+                           f"{seen[f.id_stem]} and {f.path}; add an id column (see --id-column)")
+        seen[f.id_stem] = f.path
 
 

@@ -33,6 +33,7 @@ from pipeline.bench.plots import (
     report_dir,
 )
 from pipeline.config import JobError
+from pipeline.discover import part_name
 from pipeline.manifest import (
     JOB_PLOTS,
     JOB_REPORT_FILE,
@@ -44,7 +45,6 @@ from pipeline.manifest import (
     load_manifest,
     unusable_parts,
 )
-from pipeline.sources import part_name
 from pipeline.stats import STATS_FILE, Counts, total
 from runtime.loader import default_drafter
 

@@ -160,6 +160,22 @@ def test_a_hive_partitioned_directory_gives_its_values_as_columns_and_resumes(
     assert read_parts(tmp_path / "out2").to_pylist() == rows
 
 
+def test_a_job_started_from_a_glob_is_not_resumed_from_the_partitioned_directory(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """Its later part files would gain the partition column (and, without an id column, other
+    ids): the manifest keeps each file's partitions, and a change of them is refused."""
+    write_parquet(tmp_path / "in" / "lang=en" / "a.parquet", {"id": ["a"], "prompt": PROMPTS[:1]})
+    write_parquet(tmp_path / "in" / "lang=fr" / "b.parquet", {"id": ["b"], "prompt": PROMPTS[1:2]})
+    glob_config = _config(tmp_path, tiny_model_dir, input=str(tmp_path / "in" / "*" / "*.parquet"))
+    run_job(glob_config, lambda _: tiny_engine, progress=False)
+    with pytest.raises(JobError, match=re.escape(
+            f"the input changed since {tmp_path / 'out'} was written "
+            f"({tmp_path / 'in' / 'lang=en' / 'a.parquet'} was read with no partition columns, "
+            f"now with partition columns lang=en (a directory INPUT reads partition folders' "
+            f"values, a glob does not))")):
+        run_job(_config(tmp_path, tiny_model_dir), lambda _: tiny_engine, progress=False)
+
+
 def test_files_with_the_same_columns_in_another_order_are_read_in_the_first_files_order(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     """Writers differ in column order (pandas, Spark, a hand-built table): the rows of every

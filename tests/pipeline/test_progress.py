@@ -24,18 +24,21 @@ def test_the_rate_is_drawn_before_any_row_finishes(monkeypatch: pytest.MonkeyPat
     bar.close()
 
 
-def test_into_a_log_file_the_rate_is_drawn_every_30_seconds(
+def test_into_a_log_file_the_bar_is_drawn_every_30_seconds(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A scheduled job's stderr is a file: redraws twice a second filled its log (megabytes of
-    them over a long job)."""
-    clock = iter([0.0, 1.0, 2.0, 29.0, 31.0, 40.0])
+    them over a long job). Rows finishing and tokens arriving draw it on one clock."""
+    clock = iter([0.0, 1.0, 2.0, 29.0, 31.0, 40.0, 45.0, 61.5])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
-    bar = progress.Progress(1, 0)  # start: 0.0
+    bar = progress.Progress(10, 0)  # start: 0.0
     capsys.readouterr()
     drawn = []
-    for _ in range(5):  # at 1, 2, 29, 31 and 40 s: 10 tokens each time
-        bar.tokens_generated(10)
-        drawn.append(capsys.readouterr().err.count("tok/s"))
-    assert drawn == [1, 0, 0, 1, 0]  # the first, then 30 s after it
+    for i in range(7):  # at 1, 2, 29, 31, 40, 45 and 61.5 s: rows and tokens in turn
+        if i % 2:
+            bar.rows_done(1)
+        else:
+            bar.tokens_generated(10)
+        drawn.append(capsys.readouterr().err.count("row"))
+    assert drawn == [1, 0, 0, 1, 0, 0, 1]  # the first, then 30 s after the last drawing
     bar.close()

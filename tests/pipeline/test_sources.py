@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -9,8 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import pipeline.discover as discover
 from pipeline.config import JobConfig, JobError
-from pipeline.sources import open_inputs, plan_inputs, plan_shards, resolve_input, scan_inputs
+from pipeline.discover import resolve_input
+from pipeline.job import run_job
+from pipeline.sources import open_inputs, plan_inputs, plan_shards, scan_inputs
+from runtime.config import EngineConfig
+from runtime.engine import Engine
 from tests.pipeline.helpers import corrupt_page, write_parquet
 
 
@@ -73,7 +79,7 @@ def test_a_directory_of_hive_partitions_reads_their_files_and_values(tmp_path: P
     (tmp_path / "lang=en" / "_SUCCESS").write_text("")
     files, schema, has_id = open_inputs(_config(tmp_path))
     assert not has_id and schema.names == ["prompt", "lang"]
-    assert [(f.path, f.partitions, f.stem) for f in files] == [
+    assert [(f.path, f.partitions, f.id_stem) for f in files] == [
         (str(tmp_path / "lang=__HIVE_DEFAULT_PARTITION__" / "part-0.parquet"), (("lang", None),),
          "lang=__HIVE_DEFAULT_PARTITION__/part-0"),
         (str(tmp_path / "lang=a%2Fb" / "part-0.parquet"), (("lang", "a/b"),),
@@ -116,9 +122,17 @@ def test_partition_folders_under_a_symlink_or_named_with_an_underscore_and_a_key
     write_parquet(data / "lang=en" / "a.parquet", {"prompt": ["p"]})
     write_parquet(tmp_path / "elsewhere" / "lang=de" / "a.parquet", {"prompt": ["q"]})
     (data / "lang=de").symlink_to(tmp_path / "elsewhere" / "lang=de")
-    (data / "lang=en" / "loop").symlink_to(data)  # a loop is walked once, not forever
+    (data / "lang=fr").symlink_to(tmp_path / "elsewhere" / "lang=de")  # read again, as named
+    (data / "lang=en" / "loop").symlink_to(data)  # a loop back up is cut, not walked forever
     assert resolve_input(str(data)) == [str(data / "lang=de" / "a.parquet"),
-                                        str(data / "lang=en" / "a.parquet")]
+                                        str(data / "lang=en" / "a.parquet"),
+                                        str(data / "lang=fr" / "a.parquet")]
+    deep = tmp_path / "deep"  # a link to a folder walked elsewhere, one level down: read too
+    write_parquet(deep / "a=1" / "b=1" / "x.parquet", {"prompt": ["p"]})
+    (deep / "a=2").mkdir()
+    (deep / "a=2" / "b=1").symlink_to(deep / "a=1" / "b=1")
+    assert resolve_input(str(deep)) == [str(deep / "a=1" / "b=1" / "x.parquet"),
+                                        str(deep / "a=2" / "b=1" / "x.parquet")]
     flat = tmp_path / "flat"
     write_parquet(flat / "a.parquet", {"prompt": ["p"]})
     (flat / "more").symlink_to(tmp_path / "elsewhere")  # not named key=value: refused, as before
@@ -129,6 +143,41 @@ def test_partition_folders_under_a_symlink_or_named_with_an_underscore_and_a_key
     files, schema, _ = open_inputs(_config(under))
     assert schema.names == ["prompt", "_source"]
     assert files[0].partitions == (("_source", "web"),)
+
+
+def test_output_dirs_inside_a_directory_input(tmp_path: Path, tiny_model_dir: Path,
+                                            tiny_engine: Engine) -> None:
+    """A folder of INPUT holding another job's outputs is not input (nor is stats.parquet of
+    a job's OUTPUT_DIR given as INPUT: its part files are its rows); a folder that is only
+    named OUTPUT_DIR, with Parquet files but no job's, is input and refused as such (it was
+    left out without a word)."""
+    data = tmp_path / "data"
+    write_parquet(data / "a.parquet", _prompts(2))
+    write_parquet(data / "more" / "b.parquet", _prompts(1, start=2))
+    with pytest.raises(JobError, match=re.escape("(more/b.parquet: a folder not named key=value")):
+        resolve_input(str(data), str(data / "more"))
+    (data / "more" / "b.parquet").unlink()
+    config = JobConfig(input=str(data), output_dir=str(data / "more"), shard_rows=1,
+                       max_tokens=2, engine=EngineConfig(model=str(tiny_model_dir)))
+    run_job(config, lambda _: tiny_engine, progress=False)
+    assert resolve_input(str(data)) == [str(data / "a.parquet")]
+    assert resolve_input(str(data / "more")) == [str(data / "more" / "part-00000.parquet"),
+                                                 str(data / "more" / "part-00001.parquet")]
+
+
+def test_a_folder_that_cannot_be_listed_is_named(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    write_parquet(tmp_path / "lang=en" / "a.parquet", _prompts(1))
+    real = os.listdir
+
+    def listdir(path: object) -> list[str]:
+        if str(path).endswith("lang=en"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)  # type: ignore[arg-type]
+    monkeypatch.setattr(discover.os, "listdir", listdir)
+    with pytest.raises(JobError, match=re.escape(
+            f"input folder {tmp_path}/lang=en: cannot be listed (Permission denied)")):
+        resolve_input(str(tmp_path))
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
@@ -162,7 +211,7 @@ def test_shards_never_span_files_and_are_numbered_globally(tmp_path: Path) -> No
     write_parquet(tmp_path / "b.parquet", _prompts(3, start=5))
     files, _, _ = open_inputs(_config(tmp_path))
     shards = plan_shards(files, shard_rows=2)
-    assert [(s.shard_id, s.file.stem, s.start, s.stop) for s in shards] == [
+    assert [(s.shard_id, s.file.id_stem, s.start, s.stop) for s in shards] == [
         (0, "a", 0, 2), (1, "a", 2, 4), (2, "a", 4, 5), (3, "b", 0, 2), (4, "b", 2, 3)]
     assert [s.part_name for s in shards][-1] == "part-00004.parquet"
 
@@ -172,7 +221,7 @@ def test_empty_file_gives_no_shards(tmp_path: Path) -> None:
                                            "prompt": pa.array([], pa.string())})
     write_parquet(tmp_path / "b.parquet", _prompts(2))
     files, _, _ = open_inputs(_config(tmp_path))
-    assert [(s.shard_id, s.file.stem) for s in plan_shards(files, 10)] == [(0, "b")]
+    assert [(s.shard_id, s.file.id_stem) for s in plan_shards(files, 10)] == [(0, "b")]
 
 
 def test_not_a_parquet_file_names_the_file(tmp_path: Path) -> None:

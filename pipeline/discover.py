@@ -1,0 +1,190 @@
+"""Finding a job's input files: INPUT is a Parquet file, a directory of them (at its top, or in
+Hive partition folders such as lang=en/part-0.parquet), or a glob. Also the names a job writes
+in its OUTPUT_DIR, which are never input.
+
+Only names and folders are looked at here; pipeline.sources reads the files' footers.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import urllib.parse
+from typing import NamedTuple
+
+from pipeline.config import JobError
+from pipeline.stats import STATS_FILE
+
+MANIFEST_FILE = "manifest.json"  # a job's, beside its part files (pipeline.manifest)
+_PART_NAME = re.compile(r"part-\d{5,}\.parquet")
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+Partitions = tuple[tuple[str, str | None], ...]  # (key, value) per partition folder, in order
+
+
+class Found(NamedTuple):
+    """One input file as INPUT gives it."""
+
+    path: str  # as found from INPUT (relative paths stay relative, for readable messages)
+    # Hive partition values of the folders between a directory INPUT and the file (None for
+    # __HIVE_DEFAULT_PARTITION__), percent-decoded as Spark and pyarrow write them
+    partitions: Partitions = ()
+    # the file's path under a directory INPUT without its suffix (lang=en/part-0), for files in
+    # partition folders, whose names repeat from folder to folder: the prefix of generated ids
+    id_prefix: str = ""
+
+
+def part_name(shard_id: int) -> str:
+    return f"part-{shard_id:05d}.parquet"
+
+
+def is_part_name(name: str) -> bool:
+    """Whether `name` is a part file's (part-00000.parquet, part-123456.parquet)."""
+    return _PART_NAME.fullmatch(name) is not None
+
+
+def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
+    """The paths of discover_inputs."""
+    return [found.path for found in discover_inputs(spec, output_dir)]
+
+
+def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
+    """INPUT's files: a Parquet file; a directory's (see _directory_files); or a glob's matches,
+    sorted, without the files a job writes in output_dir ('data/*/*.parquet' into data/out
+    matches data/out/part-00000.parquet once the job has written it). A glob reads no values
+    from folder names."""
+    if os.path.isfile(spec):
+        return [Found(spec)]
+    if os.path.isdir(spec):
+        return _directory_files(spec)
+    found = glob.glob(spec, recursive=True)
+    matches = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
+    if not matches:
+        if any(os.path.isdir(p) for p in found):
+            raise JobError(f"input {spec}: the glob matches only directories; match the files "
+                           f"in them (e.g. {os.path.join(spec, '*.parquet')})")
+        if found:
+            raise JobError(f"input {spec}: the glob matches only the job's own output files")
+        raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
+    return [Found(p) for p in matches]
+
+
+def is_job_output(folder: str) -> bool:
+    """A job's OUTPUT_DIR: its manifest beside part files or stats.parquet (the job writes both
+    before its first shard)."""
+    names = _listdir(folder)
+    return MANIFEST_FILE in names and any(is_part_name(n) or n == STATS_FILE for n in names)
+
+
+def _directory_files(directory: str) -> list[Found]:
+    """The Parquet files of `directory`: those at its top, sorted by name, or those in Hive
+    partition folders (key=value, the same keys at the same depth everywhere), sorted by path.
+    Left out: hidden files and folders (`.x`; `_x` without a `=`, such as Spark's `_temporary`
+    and `_SUCCESS`), any job's output folder below it (a rerun's own OUTPUT_DIR among them), and
+    where `directory` is a job's output, its stats.parquet (its part files are its rows).
+    Symlinked folders are followed (a loop back to a folder above is cut). Parquet files in any
+    other folder (a Spark `x.parquet/` folder), or both at the top and in partition folders,
+    are refused: reading some and leaving the others out without a word would lose their
+    rows; so is a folder that cannot be listed."""
+    top: list[str] = []
+    nested: list[str] = []  # paths relative to directory
+    above = {directory: {os.path.realpath(directory)}}  # per folder walked: it and its parents
+    for root, dirs, files in os.walk(directory, onerror=_unlistable, followlinks=True):
+        kept = []
+        for name in sorted(dirs):
+            path = os.path.join(root, name)
+            real = os.path.realpath(path)
+            if _is_data_folder(name) and real not in above[root] and not is_job_output(path):
+                above[path] = above[root] | {real}
+                kept.append(name)
+        dirs[:] = kept
+        rel = os.path.relpath(root, directory)
+        for name in sorted(n for n in files if _is_parquet_name(n)):
+            if rel == ".":
+                top.append(name)
+            else:
+                nested.append(os.path.join(rel, name))
+    if top and is_job_output(directory):
+        top = [n for n in top if n != STATS_FILE]
+    if not nested:
+        if not top:
+            raise JobError(f"input directory {directory} holds no .parquet files")
+        return [Found(os.path.join(directory, n)) for n in top]
+    nested.sort()
+    parsed = [_partition_folders(rel) for rel in nested]
+    problem = _not_hive(nested, parsed, top)
+    if problem is not None:
+        raise JobError(f"input directory {directory} has Parquet files in subfolders "
+                       f"({problem}); a directory INPUT reads the files at its top, or "
+                       f"those in Hive partition folders (key=value, the same keys "
+                       f"everywhere): give a glob that matches every file you mean, e.g. "
+                       f"'{os.path.join(directory, '**', '*.parquet')}' (a glob reads no "
+                       f"values from folder names)")
+    return [Found(os.path.join(directory, rel), tuple(pairs or ()),
+                  os.path.splitext(rel)[0].replace(os.sep, "/"))
+            for rel, pairs in zip(nested, parsed, strict=True)]
+
+
+def _partition_folders(rel: str) -> list[tuple[str, str | None]] | None:
+    """The (key, value) of each folder of `rel` (a file's path under INPUT), decoded; None
+    where a folder is not named key=value."""
+    pairs: list[tuple[str, str | None]] = []
+    for folder in rel.split(os.sep)[:-1]:
+        key, eq, value = folder.partition("=")
+        if not eq or not key:
+            return None
+        decoded = urllib.parse.unquote(value)
+        pairs.append((urllib.parse.unquote(key), None if decoded == _HIVE_NULL else decoded))
+    return pairs
+
+
+def _not_hive(nested: list[str], parsed: list[list[tuple[str, str | None]] | None],
+              top: list[str]) -> str | None:
+    """Why the files in subfolders (paths under INPUT, and their folders' partitions) are not
+    one Hive-partitioned dataset, or None where they are."""
+    first_keys: list[str] | None = None
+    for rel, pairs in zip(nested, parsed, strict=True):
+        if pairs is None:
+            return f"{rel}: a folder not named key=value"
+        keys = [key for key, _ in pairs]
+        if first_keys is None:
+            first_keys = keys
+        elif keys != first_keys:
+            return (f"{rel}: partition keys {'/'.join(keys)}, where {nested[0]} has "
+                    f"{'/'.join(first_keys)}")
+    if top:
+        return f"{nested[0]}, as well as {top[0]} at its top"
+    return None
+
+
+def _is_parquet_name(name: str) -> bool:
+    """A .parquet file (any case of the suffix) that is not hidden (`_SUCCESS`, `.crc`, ...)."""
+    return name.lower().endswith(".parquet") and not name.startswith((".", "_"))
+
+
+def _is_data_folder(name: str) -> bool:
+    """Not a hidden folder (`.staging`, Spark's `_temporary`); as Spark reads them, a folder
+    whose name starts with `_` but has a `=` is a partition (`_source=web`)."""
+    return not name.startswith(".") and (not name.startswith("_") or "=" in name)
+
+
+def _written_by_job(path: str, output_dir: str | None) -> bool:
+    name = os.path.basename(path)
+    return (output_dir is not None and (is_part_name(name) or name == STATS_FILE)
+            and os.path.realpath(os.path.dirname(path)) == os.path.realpath(output_dir))
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError as exc:
+        _unlistable(exc)
+        raise  # unreachable: _unlistable raises
+
+
+def _unlistable(exc: OSError) -> None:
+    """os.walk's onerror: a folder of INPUT that cannot be listed stops the job, named (its
+    files would be left out without a word)."""
+    raise JobError(f"input folder {exc.filename}: cannot be listed "
+                   f"({exc.strerror or exc})") from None
