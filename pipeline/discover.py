@@ -128,14 +128,19 @@ def _directory_files(directory: str) -> list[Found]:
 
 def _partition_folders(rel: str) -> list[tuple[str, str | None]] | None:
     """The (key, value) of each folder of `rel` (a file's path under INPUT), decoded; None
-    where a folder is not named key=value."""
+    where a folder is not named key=value. A percent-escape that does not decode to UTF-8
+    (lang=%FF) is refused, as pyarrow refuses it: two such folders would get one value."""
     pairs: list[tuple[str, str | None]] = []
     for folder in rel.split(os.sep)[:-1]:
         key, eq, value = folder.partition("=")
         if not eq or not key:
             return None
-        decoded = urllib.parse.unquote(value)
-        pairs.append((urllib.parse.unquote(key), None if decoded == _HIVE_NULL else decoded))
+        try:
+            key, value = (urllib.parse.unquote(part, errors="strict") for part in (key, value))
+        except UnicodeDecodeError:
+            raise JobError(f"partition folder {folder} (in {rel}): its percent-escapes are not "
+                           f"UTF-8 once decoded") from None
+        pairs.append((key, None if value == _HIVE_NULL else value))
     return pairs
 
 

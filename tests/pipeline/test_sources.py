@@ -165,6 +165,15 @@ def test_output_dirs_inside_a_directory_input(tmp_path: Path, tiny_model_dir: Pa
                                                  str(data / "more" / "part-00001.parquet")]
 
 
+def test_a_partition_value_whose_escapes_are_not_utf8_is_refused(tmp_path: Path) -> None:
+    """lang=%FF decoded to U+FFFD without a word (two such folders, one value)."""
+    write_parquet(tmp_path / "lang=%FF" / "a.parquet", _prompts(1))
+    with pytest.raises(JobError, match=re.escape(
+            f"partition folder lang=%FF (in lang=%FF{os.sep}a.parquet): its percent-escapes are "
+            f"not UTF-8 once decoded")):
+        resolve_input(str(tmp_path))
+
+
 def test_a_folder_that_cannot_be_listed_is_named(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     write_parquet(tmp_path / "lang=en" / "a.parquet", _prompts(1))
