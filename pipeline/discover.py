@@ -70,7 +70,7 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     return [Found(p) for p in matches]
 
 
-def is_job_output(folder: str) -> bool:
+def _is_job_output(folder: str) -> bool:
     """A job's OUTPUT_DIR: its manifest beside part files or stats.parquet (the job writes both
     before its first shard)."""
     names = _listdir(folder)
@@ -95,7 +95,7 @@ def _directory_files(directory: str) -> list[Found]:
         for name in sorted(dirs):
             path = os.path.join(root, name)
             real = os.path.realpath(path)
-            if _is_data_folder(name) and real not in above[root] and not is_job_output(path):
+            if _is_data_folder(name) and real not in above[root] and not _is_job_output(path):
                 above[path] = above[root] | {real}
                 kept.append(name)
         dirs[:] = kept
@@ -105,7 +105,7 @@ def _directory_files(directory: str) -> list[Found]:
                 top.append(name)
             else:
                 nested.append(os.path.join(rel, name))
-    if top and is_job_output(directory):
+    if top and _is_job_output(directory):
         top = [n for n in top if n != STATS_FILE]
     if not nested:
         if not top:
