@@ -69,7 +69,7 @@ def main() -> None:
                    "(on the CPU verifying drafts costs more than it saves at larger batches: "
                    "the shipped drafter gains 1.5-1.6x at batch 1, 1.1-1.2x at 4, under 1.0x "
                    "at 16 for greedy requests; requests sampling at temperature 0.7-1 gain "
-                   "1.25-1.45x alone but lose 5-10% in a job of --max-num-seqs 4; with "
+                   "1.25-1.45x alone but lose 5-15% in a job of --max-num-seqs 4; with "
                    "--q4-panels 1.2x at batch 1 and 0.9x at 4); such steps skip "
                    "the drafter, which catches up when the batch drains. 0: draft at any "
                    "batch. Outputs are the same either way.")
