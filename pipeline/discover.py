@@ -11,7 +11,7 @@ import glob
 import os
 import re
 import urllib.parse
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from pipeline.config import JobError
 from pipeline.stats import STATS_FILE
@@ -70,10 +70,9 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     return [Found(p) for p in matches]
 
 
-def _is_job_output(folder: str) -> bool:
-    """A job's OUTPUT_DIR: its manifest beside part files or stats.parquet (the job writes both
-    before its first shard)."""
-    names = _listdir(folder)
+def _is_job_output(names: list[str]) -> bool:
+    """Whether a folder of these file names is a job's OUTPUT_DIR: its manifest beside part
+    files or stats.parquet (the job writes both before its first shard)."""
     return MANIFEST_FILE in names and any(is_part_name(n) or n == STATS_FILE for n in names)
 
 
@@ -91,22 +90,24 @@ def _directory_files(directory: str) -> list[Found]:
     nested: list[str] = []  # paths relative to directory
     above = {directory: {os.path.realpath(directory)}}  # per folder walked: it and its parents
     for root, dirs, files in os.walk(directory, onerror=_unlistable, followlinks=True):
+        rel = os.path.relpath(root, directory)
+        job_output = _is_job_output(files)
+        if job_output and rel != ".":  # another job's outputs: not input, nor what is below
+            dirs[:] = []
+            continue
         kept = []
         for name in sorted(dirs):
             path = os.path.join(root, name)
             real = os.path.realpath(path)
-            if _is_data_folder(name) and real not in above[root] and not _is_job_output(path):
+            if _is_data_folder(name) and real not in above[root]:
                 above[path] = above[root] | {real}
                 kept.append(name)
         dirs[:] = kept
-        rel = os.path.relpath(root, directory)
         for name in sorted(n for n in files if _is_parquet_name(n)):
-            if rel == ".":
-                top.append(name)
-            else:
+            if rel != ".":
                 nested.append(os.path.join(rel, name))
-    if top and _is_job_output(directory):
-        top = [n for n in top if n != STATS_FILE]
+            elif not (job_output and name == STATS_FILE):
+                top.append(name)
     if not nested:
         if not top:
             raise JobError(f"input directory {directory} holds no .parquet files")
@@ -180,15 +181,7 @@ def _written_by_job(path: str, output_dir: str | None) -> bool:
             and os.path.realpath(os.path.dirname(path)) == os.path.realpath(output_dir))
 
 
-def _listdir(folder: str) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except OSError as exc:
-        _unlistable(exc)
-        raise  # unreachable: _unlistable raises
-
-
-def _unlistable(exc: OSError) -> None:
+def _unlistable(exc: OSError) -> NoReturn:
     """os.walk's onerror: a folder of INPUT that cannot be listed stops the job, named (its
     files would be left out without a word)."""
     raise JobError(f"input folder {exc.filename}: cannot be listed "

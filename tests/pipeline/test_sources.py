@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -177,13 +178,13 @@ def test_a_partition_value_whose_escapes_are_not_utf8_is_refused(tmp_path: Path)
 def test_a_folder_that_cannot_be_listed_is_named(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     write_parquet(tmp_path / "lang=en" / "a.parquet", _prompts(1))
-    real = os.listdir
+    real = os.scandir
 
-    def listdir(path: object) -> list[str]:
+    def scandir(path: Any) -> Any:
         if str(path).endswith("lang=en"):
             raise PermissionError(13, "Permission denied", str(path))
-        return real(path)  # type: ignore[arg-type]
-    monkeypatch.setattr(discover.os, "listdir", listdir)
+        return real(path)
+    monkeypatch.setattr(discover.os, "scandir", scandir)  # what os.walk lists folders with
     with pytest.raises(JobError, match=re.escape(
             f"input folder {tmp_path}/lang=en: cannot be listed (Permission denied)")):
         resolve_input(str(tmp_path))
