@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import sys
 import urllib.parse
 from typing import NamedTuple, NoReturn
 
@@ -59,15 +60,38 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     if os.path.isdir(spec):
         return _directory_files(spec)
     found = glob.glob(spec, recursive=True)
-    matches = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
+    files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
+    hidden = [p for p in files if _hidden_by_wildcard(p, spec)]
+    matches = [p for p in files if p not in set(hidden)]
     if not matches:
+        if hidden:
+            raise JobError(f"input {spec}: the glob matches only hidden files ({hidden[0]}: a "
+                           f"name starting with '_' or '.' that the glob's wildcards matched); "
+                           f"spell the name out in the glob to read it")
         if any(os.path.isdir(p) for p in found):
             raise JobError(f"input {spec}: the glob matches only directories; match the files "
                            f"in them (e.g. {os.path.join(spec, '*.parquet')})")
         if found:
             raise JobError(f"input {spec}: the glob matches only the job's own output files")
         raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
+    if hidden:
+        print(f"note: input {spec}: left out {len(hidden)} hidden file(s) the glob's wildcards "
+              f"matched, such as {hidden[0]} (a file or folder named '_x' or '.x', such as "
+              f"Spark's _temporary, is not data; spell the name out in the glob to read it)",
+              file=sys.stderr)
     return [Found(p) for p in matches]
+
+
+def _hidden_by_wildcard(path: str, spec: str) -> bool:
+    """Whether a wildcard of the glob `spec` matched a hidden name on `path`: a file or folder
+    left out of a directory INPUT (see _directory_files), such as the attempt files under a
+    Spark job's `_temporary/` folder that 'data/**/*.parquet' matches. A name the glob spells
+    out ('data/_staging/*.parquet') is meant."""
+    spelled = {part for part in spec.split(os.sep) if not glob.has_magic(part)}
+    *folders, name = path.split(os.sep)
+    return ((name.startswith((".", "_")) and name not in spelled)
+            or any(not _is_data_folder(f) and f not in spelled for f in folders
+                   if f not in ("", ".", "..")))
 
 
 def _is_job_output(names: list[str]) -> bool:

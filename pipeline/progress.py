@@ -43,8 +43,12 @@ class Progress:
         now = time.monotonic()
         if now - self._last_drawn >= self._every:
             self._last_drawn = now
-            rate = self._tokens / max(now - self._start, 1e-9)
-            self._bar.set_postfix_str(f"{rate:.1f} tok/s", refresh=True)
+            self._bar.set_postfix_str(self._rate(now), refresh=True)
+
+    def _rate(self, now: float) -> str:
+        return f"{self._tokens / max(now - self._start, 1e-9):.1f} tok/s"
 
     def close(self) -> None:
+        # the last line shows the whole run's rate (the postfix was drawn up to 30 s before)
+        self._bar.set_postfix_str(self._rate(time.monotonic()), refresh=False)
         self._bar.close()

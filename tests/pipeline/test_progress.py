@@ -21,14 +21,15 @@ def test_the_rate_is_drawn_before_any_row_finishes(monkeypatch: pytest.MonkeyPat
     assert "50.0 tok/s" in capsys.readouterr().err
     bar.tokens_generated(50)  # at 2.0
     assert "50.0 tok/s" in capsys.readouterr().err
-    bar.close()
+    bar.close()  # at 3.0: the last line has the whole run's rate
+    assert capsys.readouterr().err.rstrip().endswith("33.3 tok/s]")
 
 
 def test_into_a_log_file_the_bar_is_drawn_every_30_seconds(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A scheduled job's stderr is a file: redraws twice a second filled its log (megabytes of
     them over a long job). Rows finishing and tokens arriving draw it on one clock."""
-    clock = iter([0.0, 1.0, 2.0, 29.0, 31.0, 40.0, 45.0, 61.5])
+    clock = iter([0.0, 1.0, 2.0, 29.0, 31.0, 40.0, 45.0, 61.5, 80.0])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     bar = progress.Progress(10, 0)  # start: 0.0
@@ -41,4 +42,6 @@ def test_into_a_log_file_the_bar_is_drawn_every_30_seconds(
             bar.tokens_generated(10)
         drawn.append(capsys.readouterr().err.count("row"))
     assert drawn == [1, 0, 0, 1, 0, 0, 1]  # the first, then 30 s after the last drawing
-    bar.close()
+    bar.close()  # at 80 s: one last line, with the rate of the whole run (40 tokens)
+    last = capsys.readouterr().err
+    assert last.count("3/10") == 1 and last.rstrip().endswith("row/s, 0.5 tok/s]")

@@ -190,6 +190,32 @@ def test_a_folder_that_cannot_be_listed_is_named(tmp_path: Path,
         resolve_input(str(tmp_path))
 
 
+def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a Spark job's output while it runs: committed part files, attempt files in _temporary
+    data = tmp_path / "data"
+    for rel in ("part-0.parquet", "_src=web/part-1.parquet", "_meta.parquet",
+                "_temporary/0/_temporary/attempt_1/part-2.parquet"):
+        write_parquet(data / rel, _prompts(1))
+    assert resolve_input(f"{data}/**/*.parquet") == [str(data / "_src=web" / "part-1.parquet"),
+                                                     str(data / "part-0.parquet")]
+    assert capsys.readouterr().err == (
+        f"note: input {data}/**/*.parquet: left out 2 hidden file(s) the glob's wildcards "
+        f"matched, such as {data}/_meta.parquet (a file or folder named '_x' or '.x', such as "
+        f"Spark's _temporary, is not data; spell the name out in the glob to read it)\n")
+    # a name the glob spells out is meant, in INPUT's own path too
+    assert resolve_input(f"{data}/_temporary/*/_temporary/*/*.parquet") == [
+        str(data / "_temporary/0/_temporary/attempt_1/part-2.parquet")]
+    assert resolve_input(f"{data}/_meta.parquet") == [str(data / "_meta.parquet")]
+    assert capsys.readouterr().err == ""
+    with pytest.raises(JobError) as raised:
+        resolve_input(f"{data}/*/0/*/*/*.parquet")
+    assert str(raised.value) == (
+        f"input {data}/*/0/*/*/*.parquet: the glob matches only hidden files "
+        f"({data}/_temporary/0/_temporary/attempt_1/part-2.parquet: a name starting with '_' or "
+        f"'.' that the glob's wildcards matched); spell the name out in the glob to read it")
+
+
 def test_glob_and_single_file(tmp_path: Path) -> None:
     for name in ("x2.parquet", "x1.parquet", "y.parquet"):
         write_parquet(tmp_path / name, _prompts(1))
