@@ -15,7 +15,9 @@ _BATCH_ROWS = 4096
 
 
 def read_shard(shard: Shard, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """Yield the rows [shard.start, shard.stop) of shard.file, in order, as record batches.
+    """Yield the rows [shard.start, shard.stop) of shard.file, in order, as record batches of
+    the file's own columns (read_shard_table puts them in the job's order and adds the Hive
+    partition columns).
 
     Only the row groups that overlap the shard are read. Example: row groups of 4 rows and a shard
     of rows 6-10 read row groups 1 (rows 4-8) and 2 (rows 8-12), drop rows 4-5 and stop after row 9.
