@@ -97,6 +97,8 @@ def load_manifest(output_dir: str) -> Manifest | None:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, not an object")
         runs = data.get("runs", [])
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise TypeError("runs is not a list of objects")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import collections
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -217,7 +218,9 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
             done: bool, missing: list[int], damaged: list[int], from_files: int) -> str:
-    lines = ["# eaglebatch job report", "", f"- directory: `{directory}`"]
+    lines = ["# eaglebatch job report", "", f"- directory: `{directory}`",
+             f"- written {_clock(time.time())}, from the files as they were then"
+             + ("" if done else " (rerun `eaglebatch report` once the job has gone on)")]
     for shard_ids, what, why in ((missing, "missing", "their rows are not on disk"),
                                  (damaged, "damaged", "their bytes are not the ones committed")):
         if shard_ids:
@@ -344,7 +347,8 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
     with_errors = [s for s, c in shards.items() if c.errors]
     if not with_errors:
         return ""
-    reasons: collections.Counter[str] = collections.Counter()
+    reasons: collections.Counter[str] = collections.Counter()  # by message_pattern
+    seen: dict[str, set[str]] = collections.defaultdict(set)  # pattern -> its messages
     unread = []
     for shard in with_errors:
         path = os.path.join(directory, part_name(shard))
@@ -353,12 +357,21 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
         except (OSError, KeyError, pa.ArrowInvalid):
             unread.append(shard)
             continue
-        reasons.update(e for e in column.to_pylist() if e is not None)
+        for error in column.to_pylist():
+            if error is not None:
+                pattern = message_pattern(error)
+                reasons[pattern] += 1
+                if len(seen[pattern]) < 2:
+                    seen[pattern].add(error)
     parts = ["## Error rows by message"]
     if reasons:
         top = reasons.most_common(_MAX_REASONS)
+        # a pattern that stands for one message shows it; one of several shows N for numbers
+        shown = [(p if len(seen[p]) > 1 else next(iter(seen[p])), n) for p, n in top]
         parts.append(md.table(["error rows", "error"],
-                              [[f"{n:,}", "`" + _one_line(e) + "`"] for e, n in top]))
+                              [[f"{n:,}", "`" + _one_line(e) + "`"] for e, n in shown]))
+        if any(len(seen[p]) > 1 for p, _ in top):
+            parts.append("(N: numbers that differ from row to row, such as a prompt's tokens)")
         if len(reasons) > len(top):
             parts.append(f"({len(reasons) - len(top)} other messages not listed)")
     if unread:
@@ -368,6 +381,14 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
 
 
 _MAX_REASONS = 10
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def message_pattern(error: str) -> str:
+    """An error message with its numbers as N, so that the rows' messages that differ only in
+    them (a prompt's token count, a row index) are counted together. Example: 'prompt has 91
+    tokens; the model's context is 64' -> 'prompt has N tokens; the model's context is N'."""
+    return _NUMBER.sub("N", error)
 
 
 def _one_line(text: str, limit: int = 160) -> str:

@@ -50,6 +50,11 @@ def test_no_manifest_and_damaged_manifest(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(JobError, match=r"manifest.json is damaged .*rerun with --overwrite"):
         load_manifest(str(tmp_path))
+    for valid_json, kind in (("[]", "list"), ('"x"', "str"), ("3", "int")):  # not an object:
+        (tmp_path / "manifest.json").write_text(valid_json)  # an AttributeError traceback
+        with pytest.raises(JobError, match=rf"manifest.json is damaged \(a JSON {kind}, not an "
+                                           r"object\); rerun with --overwrite"):
+            load_manifest(str(tmp_path))
 
 
 def test_same_job_and_input_may_resume() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from jobs.cli import main
-from pipeline.bench.job_report import PLOTS, _shards
+from pipeline.bench.job_report import PLOTS, _error_reasons, _shards
 from pipeline.manifest import Manifest
 from pipeline.stats import Counts, write_stats
 from runtime.config import DEFAULT_MODEL
@@ -41,6 +42,7 @@ def test_report_of_a_finished_job_with_a_drafter(
     assert code == 0 and stdout == f"wrote {out / 'report.md'}\n"
     report = (out / "report.md").read_text()
     assert "- 3 of 3 shards committed; complete (_SUCCESS written)" in report
+    assert re.search(r"\n- written [-\d: ]{19}, from the files as they were then\n", report)
     assert f"drafter `{tiny_drafter_dir}`, k = 2" in report
     assert "| rows | 5 |" in report and "| error rows | 1 |" in report
     assert "| acceptance rate |" in report
@@ -87,6 +89,10 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     assert code == 0
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "- 2 of 5 shards committed; not complete" in report
+    # a report written while the job runs goes stale as it goes on: it says when it was written
+    assert re.search(r"\n- written \d{4}-\d\d-\d\d \d\d:\d\d:\d\d, from the files as they "
+                     r"were then \(rerun `eaglebatch report` once the job has gone on\)\n",
+                     report)
     # this manifest (as written before commit times were recorded) has none: the files' times
     assert ("- commit times of 2 shards are their part files' modification times (committed by "
             "a version that did not record them; a copy of the directory changes them)") in report
@@ -270,3 +276,20 @@ def test_without_a_manifest_the_counts_come_back_from_stats_parquet(tmp_path: Pa
     assert "| mean acceptance length | 1.80 |" in report
     assert "| acceptance by position | 60.0% 20.0% |" in report
     assert (tmp_path / PLOTS["acceptance"]).read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_error_messages_that_differ_only_in_numbers_are_counted_together(
+        tmp_path: Path) -> None:
+    """14 too-long prompts made ten rows of count 1 (each its own token count) and '4 other
+    messages not listed'."""
+    long = "prompt has {} tokens; the model's context is 64"
+    write_parquet(tmp_path / "part-00000.parquet",
+                  {"error": [long.format(91), long.format(94), "prompt is empty",
+                             "stop string 2 is not valid UTF-8", None]})
+    report = _error_reasons(str(tmp_path), {0: Counts(rows=5, errors=4)})
+    assert report == (
+        "## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n"
+        "| 2 | `prompt has N tokens; the model's context is N` |\n"
+        "| 1 | `prompt is empty` |\n"
+        "| 1 | `stop string 2 is not valid UTF-8` |\n\n"  # alone: as written
+        "(N: numbers that differ from row to row, such as a prompt's tokens)")
