@@ -171,7 +171,8 @@ class Engine:
 
     def _new_sequence(self, request: GenerationRequest) -> Sequence:
         seq = Sequence(request.request_id, list(request.prompt_token_ids), request.params,
-                       self._arrivals, self.config.num_speculative_tokens)
+                       self._arrivals,
+                       self.config.num_speculative_tokens if self.proposer is not None else 0)
         self._arrivals += 1
         return seq
 

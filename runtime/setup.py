@@ -52,6 +52,12 @@ def place(config: EngineConfig) -> Placement:
     else:
         dtype = _DTYPES[config.dtype]
     backend = choose_backend_name(config.attention_backend, device)
+    if config.cuda_graphs and device.type != "cuda":  # refused before a model is loaded
+        raise PlacementError(f"--cuda-graphs needs a CUDA device (this engine runs on "
+                             f"{device.type})")
+    if config.cuda_graphs and backend != "torch":
+        raise PlacementError(f"--cuda-graphs needs --attention-backend torch (this engine runs "
+                             f"{backend})")
     block_size = config.block_size
     if backend == "flash" and block_size % FLASH_BLOCK_SIZE:
         block_size = FLASH_BLOCK_SIZE  # flash-attn's paged KV wants multiples of 256

@@ -41,6 +41,14 @@ def mib(nbytes: float | None) -> str:
     return "–" if nbytes is None else f"{nbytes / (1 << 20):,.0f}"
 
 
+def size(nbytes: int) -> str:
+    """A memory size as given to --kv-cache-memory: '200 KiB', '16 MiB', '1.5 GiB'."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):,.4g} {unit}"
+    return f"{nbytes} bytes"
+
+
 def plural(count: int, noun: str) -> str:
     """'1 prompt', '16 prompts'."""
     return f"{count:,} {noun}" + ("" if count == 1 else "s")

@@ -102,9 +102,10 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
     missing = [b for b in config.get("batch_sizes", []) if b not in ran]
     repeats = config.get("repeats") or 0
     rounds = rounds or {}
+    notices = []  # block quotes, after the list
     if "interrupted" in meta:
         done = "; ".join(f"batch {b}: {rounds[b]} of {repeats}" for b in ran if b in rounds)
-        lines += ["", f"> **Interrupted** (Ctrl-C or SIGTERM) at batch size "
+        notices += [f"> **Interrupted** (Ctrl-C or SIGTERM) at batch size "
                   f"{meta['interrupted']}: this report holds the rounds that finished before "
                   f"it, batch size(s) {ran}" + (f" (rounds {done})" if done else "")
                   + (f"; {missing} did not run." if missing else ".")]
@@ -112,7 +113,7 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
         short = [f"batch {b}: {rounds[b]} of {repeats} rounds" for b in ran
                  if rounds.get(b, repeats) < repeats]
         if missing or short:
-            lines += ["", "> **Incomplete.** The bench stopped (it was killed?) before all its "
+            notices += ["> **Incomplete.** The bench stopped (it was killed?) before all its "
                       "runs: " + "; ".join(([f"batch size(s) {missing} did not run"]
                                             if missing else []) + short) + "."]
     if isinstance(prompts, int) and (over := [b for b in ran if b > prompts]):
@@ -123,7 +124,8 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
                      else "- the engines' packed weights in ordinary 4 KiB pages (no transparent "
                      "huge pages here, or EAGLEBATCH_HUGE_PAGES=0)")
     if meta.get("clamped"):
-        lines.append(f"- {_count(meta['clamped'], 'request')} get fewer than "
+        lines.append(f"- {_count(meta['clamped'], 'request')} "
+                     f"{'gets' if meta['clamped'] == 1 else 'get'} fewer than "
                      f"{config.get('max_tokens')} new tokens: the prompt leaves less room in the "
                      f"model's context of {meta.get('max_model_len')} tokens")
     if config.get("baseline") == "none":
@@ -138,7 +140,7 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
                      "bench's default); `generate` drafts only in steps of at most 4 requests "
                      "by default")
     if config.get("kv_cache_memory"):
-        lines.append(f"- KV cache: {md.mib(config['kv_cache_memory'])} MiB per engine "
+        lines.append(f"- KV cache: {md.size(config['kv_cache_memory'])} per engine "
                      "(`--kv-cache-memory`)"
                      + ("; the drafter's layers take their share of it, so the k > 0 variants "
                         "hold fewer of the target's blocks" if speculative else ""))
@@ -153,6 +155,8 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
         lines.append("- perfect drafts (`--ceiling`): every k > 0 also ran with the k = 0 run's "
                      "own next tokens as its drafts (always k, no confidence cut); the drafter "
                      "still runs, so each step costs what drafting costs")
+    for notice in notices:
+        lines += ["", notice]
     if meta.get("random_weights"):
         lines += ["", "> **Random weights.** The model (and any drafter) has random weights in "
                   "the shape of the real architecture: throughput is the architecture's, but "

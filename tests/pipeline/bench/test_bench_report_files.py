@@ -57,6 +57,12 @@ def test_a_refused_bench_leaves_no_out_directory(tiny_model_dir: Path, prompts_f
         2, "error: --attention-backend flash needs CUDA and the flash-attn package "
            "(pip install -e .[gpu])\n")
     assert not out.exists()
+    # refused as the option it is, before the model loads (it was "cannot load --model ...")
+    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                           "--out", str(out), "--k", "0", "--device", "cpu", "--cuda-graphs")
+    assert (result.exit_code, result.stderr) == (
+        2, "error: --cuda-graphs needs a CUDA device (this engine runs on cpu)\n")
+    assert not out.exists()
 
 
 def test_report_refuses_damaged_and_foreign_bench_files_and_out_files(

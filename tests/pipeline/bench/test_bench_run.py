@@ -61,8 +61,9 @@ def test_bench_measures_every_run(bench_dir: Path) -> None:
         if r["variant"] == "engine" and r["k"] == 2:
             assert r["drafted"] > 0 and len(r["accepted_per_position"]) == 2
             assert r["draft_steps"] > 0 and r["mean_acceptance_length"] >= 1.0
-        else:
+        else:  # no draft positions (k = 0 engines had [0])
             assert r["drafted"] == 0 and r["acceptance_rate"] is None
+            assert r["accepted_per_position"] == []
 
 
 def test_engine_variants_agree_and_the_report_says_so(bench_dir: Path) -> None:
@@ -130,7 +131,9 @@ def test_speculative_k_without_a_drafter_is_a_user_error(
     result = run_bench_cli("--model", str(tiny_model_dir), "--drafter", "none", "--prompts",
                            str(prompts_file), "--out", str(tmp_path), "--k", "0,1")
     assert result.exit_code == 2
-    assert result.stderr == "error: --drafter none allows only --k 0\n"
+    assert result.stderr == ("error: --drafter none: the k > 0 variants of --k 0,1 need a "
+                             "drafter (--k is 0,1,2,3,5 unless given); pass --k 0 to measure "
+                             "the engine without one\n")
 
 
 def test_bad_prompt_files_are_user_errors_naming_file_and_column(

@@ -265,6 +265,10 @@ def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> N
     # a bench killed in batch 4's second round (bench.parquet is written after every round)
     assert ("> **Incomplete.** The bench stopped (it was killed?) before all its runs: batch "
             "size(s) [64] did not run; batch 4: 1 of 3 rounds.") in header
+    # after the settings' list, not splitting it in two
+    assert header.endswith("\n- KV cache: sized for each engine's whole batch\n\n"
+                           "> **Incomplete.** The bench stopped (it was killed?) before all its "
+                           "runs: batch size(s) [64] did not run; batch 4: 1 of 3 rounds.")
     assert ("- batch size(s) [4] exceed the 3 prompts: at most 3 requests were in flight "
             "there, so those figures are batch 3's") in header
     assert "Incomplete" not in _header({**meta, "config": {"batch_sizes": [1], "repeats": 3}},
@@ -325,13 +329,15 @@ def test_the_header_states_the_settings_that_change_the_figures() -> None:
             "config": {"batch_sizes": [1], "ks": [0, 2], "repeats": 1, "max_tokens": 3000,
                        "baseline": "none", "kv_cache_memory": 3 << 20, "draft_max_batch": None}}
     header = _header(meta, [1])
-    assert ("- 1 request get fewer than 3000 new tokens: the prompt leaves less room in the "
+    assert ("- 1 request gets fewer than 3000 new tokens: the prompt leaves less room in the "
             "model's context of 2048 tokens") in header
     assert "- no transformers baseline (`--baseline none`): engine variants only" in header
     assert ("- the k > 0 variants draft at every batch size (`--draft-max-batch 0`, bench's "
             "default)") in header
     assert ("- KV cache: 3 MiB per engine (`--kv-cache-memory`); the drafter's layers take their "
             "share of it, so the k > 0 variants hold fewer of the target's blocks") in header
+    small = {**meta, "config": {**meta["config"], "kv_cache_memory": 200 << 10}}
+    assert "- KV cache: 200 KiB per engine (`--kv-cache-memory`)" in _header(small, [1])  # not 0
     plain = {**meta, "clamped": 0, "config": {**meta["config"], "ks": [0], "baseline":
                                               "transformers", "kv_cache_memory": None}}
     header = _header(plain, [1])
