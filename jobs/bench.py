@@ -54,6 +54,10 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--no-chat-template", "no_chat_template", is_flag=True,
               help="Tokenize prompts as raw text, not as a chat user message.")
 @click.option("--out", required=True, help="REPORT_DIR: bench.parquet, report.md and PNG plots.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an earlier bench's bench.parquet, report.md and plots in --out "
+                   "(without it such an --out is refused); they go once the first round of "
+                   "this bench is written.")
 @click.option("--batch-sizes", default="1,4,16,64", show_default=True, callback=_ints,
               help="Comma-separated batch sizes: the engine's --max-num-seqs and the static "
                    "batch size of the transformers baseline.")
@@ -155,7 +159,7 @@ def bench(**options: Any) -> None:
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],
             max_num_batched_tokens=o["max_num_batched_tokens"], threads=o["threads"],
-            ceiling=o["ceiling"]))
+            ceiling=o["ceiling"], overwrite=o["overwrite"]))
     except JobError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)

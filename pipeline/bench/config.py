@@ -53,6 +53,7 @@ class BenchConfig:
     max_num_batched_tokens: int = 2048
     threads: int | None = None  # torch CPU threads; None: torch's default
     ceiling: bool = False  # also run every k > 0 with perfect drafts (the k = 0 run's tokens)
+    overwrite: bool = False  # replace an earlier bench's bench.parquet and report in `out`
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:

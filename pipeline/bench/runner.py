@@ -73,6 +73,9 @@ def run_bench(config: BenchConfig) -> Path:
     if job_files:
         raise JobError(f"--out {out} holds a job's {job_files[0]}: a bench report there would "
                        "replace the job's report; pick another directory")
+    if (out / BENCH_FILE).exists() and not config.overwrite:
+        raise JobError(f"--out {out} holds an earlier bench's {BENCH_FILE}: pass --overwrite to "
+                       "replace it and its report, or pick another directory")
     created = not out.exists()
     report_dir(out)
     try:

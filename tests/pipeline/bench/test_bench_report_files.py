@@ -30,9 +30,17 @@ def test_a_later_bench_without_drafts_leaves_no_plots_of_the_earlier_one(
     out = tmp_path / "again"
     shutil.copytree(bench_dir, out)
     assert (out / SPEEDUP).is_file() and (out / ACCEPTANCE).is_file()
-    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
-                           "--out", str(out), "--batch-sizes", "2", "--k", "0", "--repeats",
-                           "1", "--max-tokens", "2", "--baseline", "none")
+    args = ("--model", str(tiny_model_dir), "--prompts", str(prompts_file), "--out", str(out),
+            "--batch-sizes", "2", "--k", "0", "--repeats", "1", "--max-tokens", "2",
+            "--baseline", "none")
+    # not without --overwrite: it was replaced without a word (a kill then left neither)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    result = run_bench_cli(*args)
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: --out {out} holds an earlier bench's bench.parquet: pass --overwrite to "
+           "replace it and its report, or pick another directory\n")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
+    result = run_bench_cli(*args, "--overwrite")
     assert result.exit_code == 0, result.output
     report = (out / "report.md").read_text()
     assert "- speedup: not drawn" in report and "- acceptance: not drawn" in report
