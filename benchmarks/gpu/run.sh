@@ -53,7 +53,7 @@ if [ "$SMALL" = 1 ]; then B1_N=2; BIG_N=4; TOK=8; REP=1; BS=2,4; else
 bench() {  # bench NAME SECONDS ARGS...: one `eaglebatch bench`, its report tarred into $OUT
   local name=$1 limit=$2; shift 2
   step "bench $name" "$limit" $PY -m jobs bench --device "$DEVICE" --prompts examples/prompts.parquet \
-    --out "/tmp/reports/$name" "$@"
+    --out "/tmp/reports/$name" --overwrite "$@"
   [ -d "/tmp/reports/$name" ] && tar -C /tmp/reports -czf "$OUT/$name.tgz" "$name"
 }
 
