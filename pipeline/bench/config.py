@@ -6,12 +6,25 @@ Every option of the two commands lands in exactly one field here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.config import JobError
 from runtime.config import DEFAULT_MODEL
 
 BASELINES = ("transformers", "none")
 RANDOM_PREFIX = "random:"
+# random checkpoints (random:<preset>, --drafter random) live in a scratch directory of --out
+SCRATCH_PREFIX = ".bench-models-"
+
+
+def scratch_leftovers(directory: Path) -> list[tuple[Path, int]]:
+    """The scratch directories that benches killed outright (out of memory, SIGKILL) left in
+    `directory`, with their bytes: random weights, up to tens of GB."""
+    found = []
+    for stale in sorted(directory.glob(SCRATCH_PREFIX + "*")):
+        if stale.is_dir():
+            found.append((stale, sum(f.stat().st_size for f in stale.rglob("*") if f.is_file())))
+    return found
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,8 @@ class BenchConfig:
                            f"got {self.draft_max_batch}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise JobError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.messages_column is not None and not self.chat_template:  # as generate
+            raise JobError("--messages-column needs the chat template; drop --no-chat-template")
         if self.ceiling and (0 not in self.ks or not self.speculative_ks):
             raise JobError("--ceiling needs k = 0 (its outputs are the perfect drafts) and a "
                            f"k > 0 in --k, got --k {_listed(self.ks)}")

@@ -90,7 +90,8 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
         f"{meta.get('started')}",
         f"- {_count(prompts, 'prompt')} ({lengths.get('min')}..{lengths.get('max')} tokens, "
         f"median {_g(lengths.get('median'))}; {_left_out(meta.get('skipped_prompts', 0))}), at "
-        f"most {config.get('max_tokens')} new tokens, greedy, {eos}",
+        f"most {config.get('max_tokens')} new tokens, greedy, {eos}"
+        + _PROMPT_FORMATS.get(meta.get("prompt_format", ""), ""),
         f"- batch sizes {config.get('batch_sizes')}, k {sorted(config.get('ks', []))} (k = 0: "
         f"no drafter), {config.get('repeats')} repeat(s); variants run interleaved in rounds per "
         f"batch size{_turns(meta)}",
@@ -173,6 +174,16 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
                   + (" (n-gram lookup drafts were on: where the generated text repeats, their "
                      "accepted lookups gain as well)." if config.get("draft_ngram") else ".")]
     return "\n".join(lines)
+
+
+# bench.parquet's prompt_format -> how the header says prompts were tokenized
+_PROMPT_FORMATS = {
+    "chat": "; prompts as the user message of the model's chat template",
+    "messages": "; messages rendered with the model's chat template",
+    "raw": "; prompts tokenized as raw text (`--no-chat-template`)",
+    "raw: no template": "; prompts tokenized as raw text: the model's tokenizer has no chat "
+                        "template",
+}
 
 
 def _count(value: Any, noun: str) -> str:

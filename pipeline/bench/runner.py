@@ -33,7 +33,8 @@ import torch
 from tqdm import tqdm
 
 from pipeline.atomic import write_bytes_atomically
-from pipeline.bench.config import BenchConfig
+from pipeline.bench import markdown as md
+from pipeline.bench.config import SCRATCH_PREFIX, BenchConfig, scratch_leftovers
 from pipeline.bench.engine_run import EngineVariant, engine_config, measure_copy_bandwidth
 from pipeline.bench.hf_baseline import TransformersBaseline
 from pipeline.bench.metrics import (
@@ -61,8 +62,6 @@ from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
 from runtime.setup import Placement, place
 
 METADATA_KEY = b"eaglebatch.bench"
-# random checkpoints (random:<preset>, --drafter random) live in a scratch directory of --out
-SCRATCH_PREFIX = ".bench-models-"
 
 
 def run_bench(config: BenchConfig) -> Path:
@@ -119,6 +118,10 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
                                   config.chat_template, config.ignore_eos or models.random)
         bandwidth = measure_copy_bandwidth(p.device) if p.device.type == "cuda" else None
         meta = _metadata(config, models, workload, p, bandwidth, max_model_len)
+        meta["prompt_format"] = (  # how prompts became tokens, for the report's header
+            "messages" if config.messages_column is not None
+            else "chat" if config.chat_template and getattr(tokenizer, "chat_template", None)
+            else "raw" if not config.chat_template else "raw: no template")
         _log(f"bench: {meta['model']} ({meta['dtype']}, {meta['device']}, "
              f"{meta['threads']} threads), {len(workload.prompts)} prompts, "
              f"max {config.max_tokens} tokens, batch sizes {list(config.batch_sizes)}, "
@@ -328,14 +331,12 @@ def cpu_description(cpuinfo: str | None = None) -> str:
 
 
 def _remove_stale_scratch(out: Path) -> None:
-    """A bench killed outright (out of memory, SIGKILL) cannot remove its scratch directory:
-    random weights, up to tens of GB. The next bench into the same --out removes it."""
-    for stale in sorted(out.glob(SCRATCH_PREFIX + "*")):
-        if stale.is_dir():
-            size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file())
-            shutil.rmtree(stale, ignore_errors=True)
-            _log(f"bench: removed {stale.name} ({size / (1 << 30):.1f} GiB of random weights), "
-                 f"left in --out by a bench that was killed")
+    """A bench killed outright cannot remove its scratch directory; the next bench into the
+    same --out removes it."""
+    for stale, size in scratch_leftovers(out):
+        shutil.rmtree(stale, ignore_errors=True)
+        _log(f"bench: removed {stale.name} ({md.size(size)} of random weights), left in --out "
+             f"by a bench that was killed")
 
 
 def _log(line: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 from typing import Any, NamedTuple
 
@@ -51,7 +52,8 @@ def read_prompts(path: str, prompt_column: str, limit: int | None,
     batch."""
     column = messages_column or prompt_column
     if not os.path.exists(path):
-        raise JobError(f"--prompts {path}: no such file")
+        glob_note = "; bench reads one Parquet file, not a glob" if glob.has_magic(path) else ""
+        raise JobError(f"--prompts {path}: no such file{glob_note}")
     if os.path.isdir(path):
         raise JobError(f"--prompts {path} is a directory; give one Parquet file")
     try:
@@ -87,6 +89,9 @@ def build_workload(table: pa.Table, column: str, messages_column: str | None, to
                    max_model_len: int, max_tokens: int, chat_template: bool,
                    ignore_eos: bool) -> Workload:
     has_template = bool(getattr(tokenizer, "chat_template", None))
+    if messages_column is not None and not has_template:
+        raise JobError(f"--messages-column {messages_column}: the model's tokenizer has no chat "
+                       "template to render messages with")
     options = TokenizeOptions(column, messages_column, chat_template and has_template,
                               max_model_len, SamplingParams(max_tokens=max_tokens))
     prompts, limits = [], []

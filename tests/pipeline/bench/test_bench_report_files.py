@@ -4,8 +4,10 @@ damaged or foreign files, impossible devices and a missing directory."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -157,6 +159,41 @@ def test_bench_reads_chat_messages_as_generate_does(tiny_model_dir: Path, tmp_pa
         reports[name] = (meta["prompts"], meta["prompt_tokens"], rows[0]["output_tokens"])
     assert reports["by-messages"] == reports["by-prompt"]
     assert reports["by-messages"][0] == 2
+    # the header says how the prompts became tokens
+    assert ("EOS ends a request; messages rendered with the model's chat template\n"
+            in (tmp_path / "by-messages" / "report.md").read_text())
+    assert ("EOS ends a request; prompts as the user message of the model's chat template\n"
+            in (tmp_path / "by-prompt" / "report.md").read_text())
+    quick = ("--batch-sizes", "2", "--k", "0", "--max-tokens", "3", "--repeats", "1",
+             "--baseline", "none")
+
+    def bench(model: Path, out: str, *args: str) -> Any:
+        return CliRunner().invoke(main, ["bench", "--model", str(model), "--prompts", str(path),
+                                         "--out", str(tmp_path / out), *quick, *args])
+
+    # as `generate` refuses it (bench ignored --no-chat-template)
+    result = bench(tiny_model_dir, "x", "--messages-column", "messages", "--no-chat-template")
+    assert (result.exit_code, result.stderr) == (
+        2, "error: --messages-column needs the chat template; drop --no-chat-template\n")
+    result = bench(tiny_model_dir, "raw", "--no-chat-template")
+    assert result.exit_code == 0, result.output
+    assert ("; prompts tokenized as raw text (`--no-chat-template`)\n"
+            in (tmp_path / "raw" / "report.md").read_text())
+    # a model whose tokenizer has no chat template (it said no prompt could be tokenized)
+    plain = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((plain / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(settings))
+    result = bench(plain, "x", "--messages-column", "messages")
+    assert (result.exit_code, result.stderr) == (
+        2, "error: --messages-column messages: the model's tokenizer has no chat template to "
+           "render messages with\n")
+    result = bench(plain, "plain")
+    assert result.exit_code == 0, result.output
+    assert ("; prompts tokenized as raw text: the model's tokenizer has no chat template\n"
+            in (tmp_path / "plain" / "report.md").read_text())
     result = CliRunner().invoke(main, ["bench", "--model", str(tiny_model_dir), "--prompts",
                                        str(path), "--out", str(tmp_path / "x"),
                                        "--prompt-column", "messages"])

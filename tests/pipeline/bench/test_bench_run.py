@@ -162,6 +162,9 @@ def test_bad_prompt_files_are_user_errors_naming_file_and_column(
                            "--out", str(tmp_path / "r"), "--k", "0")
     assert result.stderr == f"error: --prompts {missing}: no such file\n"
     assert not (tmp_path / "r").exists()
+    result = run_bench_cli("--prompts", f"{tmp_path}/*.parquet", "--out", str(tmp_path / "r"))
+    assert result.stderr == (f"error: --prompts {tmp_path}/*.parquet: no such file; bench reads "
+                             "one Parquet file, not a glob\n")
 
 
 def test_a_jobs_output_dir_is_refused_as_out(tiny_model_dir: Path, prompts_file: Path,

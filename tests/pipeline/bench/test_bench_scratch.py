@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from jobs.cli import main
 from tests.pipeline.bench.conftest import run_bench_cli
 
 
@@ -22,7 +25,22 @@ def test_a_killed_bench_scratch_is_removed_by_the_next_bench(
                            "--max-tokens", "2", "--repeats", "1", "--baseline", "none")
     assert result.exit_code == 0, result.output
     assert not (out / ".bench-models-k1ll3d").exists()
-    assert ("bench: removed .bench-models-k1ll3d (0.0 GiB of random weights), left in --out by "
+    assert ("bench: removed .bench-models-k1ll3d (1 MiB of random weights), left in --out by "
             "a bench that was killed") in result.stderr
     assert keep.read_text() == "mine"
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+def test_report_names_a_killed_bench_scratch(tmp_path: Path) -> None:
+    """A bench killed before its first round leaves only its scratch: `report` said 'not the
+    output of an eaglebatch job or bench' and nothing of the gigabytes beside it."""
+    stale = tmp_path / ".bench-models-k1ll3d" / "model"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"\0" * (3 << 20))
+    result = CliRunner().invoke(main, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"note: {tmp_path / '.bench-models-k1ll3d'} (3 MiB of random weights) was left by a "
+        "bench that was killed: delete it, or the next bench into this directory removes it\n"
+        f"error: {tmp_path} has no manifest.json, stats.parquet or bench.parquet: not the "
+        "output of an eaglebatch job or bench\n")
