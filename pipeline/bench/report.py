@@ -343,7 +343,10 @@ def _throughput(summaries: dict[Key, Summary]) -> str:
         headers.append("peak GPU MiB")
         for row, s in zip(rows, summaries.values(), strict=True):
             row.append(md.mib(s.median("peak_gpu_bytes")))
-    return "## Throughput and latency (medians of the repeats)\n\n" + md.table(headers, rows)
+    return ("## Throughput and latency (medians of the repeats)\n\n" + md.table(headers, rows)
+            + "\n\nLatency and TTFT count from the run's start, where every request is "
+            "submitted (an offline batch): they include the time a request waited for a place "
+            "in the batch, which at batch size 1 is every earlier request's.")
 
 
 def _ratios(summaries: dict[Key, Summary]) -> str:
@@ -376,12 +379,22 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
     if best and ks:
         parts.append("Best k per batch size:\n\n" + md.table(
             ["batch", "best k", "tokens/s", "vs k=0", *(["vs transformers"] if with_hf else [])],
-            [[str(b), str(s.k), md.num(s.tokens_per_s),
-              md.ratio(speedup_vs_k0(summaries, b, s.k)),
+            [[str(b), str(s.k), md.num(s.tokens_per_s), _best_vs_k0(summaries, b, s.k),
               *([md.ratio(ratio(summaries, (b, ENGINE, s.k), (b, TRANSFORMERS, 0)))]
                 if with_hf else [])]
              for b, s in best]))
     return "\n\n".join(parts) if len(parts) > 1 else ""
+
+
+def _best_vs_k0(summaries: dict[Key, Summary], batch_size: int, k: int) -> str:
+    """The best k's ratio over k = 0, marked where its rounds fall on both sides of 1.0x: which
+    k (or none) is best is then not known from this bench: '1.04x (not above the noise: rounds
+    0.93-1.12)'."""
+    cell = md.ratio(speedup_vs_k0(summaries, batch_size, k))
+    rounds = round_ratios(summaries, (batch_size, ENGINE, k), (batch_size, ENGINE, 0))
+    if k and len(rounds) > 1 and rounds[0] <= 1.0 <= rounds[-1]:
+        cell += f" (not above the noise: rounds {rounds[0]:.2f}-{rounds[-1]:.2f})"
+    return cell
 
 
 def ratio_cell(summaries: dict[Key, Summary], top: Key, bottom: Key) -> str:

@@ -20,7 +20,7 @@ from pipeline.bench.aggregate import (
 )
 from pipeline.bench.config import BenchConfig, parse_int_list
 from pipeline.bench.metrics import Agreement, RunRecord, bench_row, percentile
-from pipeline.bench.report import equality_section, exact_arithmetic, ratio_cell
+from pipeline.bench.report import _best_vs_k0, equality_section, exact_arithmetic, ratio_cell
 from pipeline.bench.runner import cpu_description, turns
 from pipeline.bench.workload import Workload
 from pipeline.config import JobError
@@ -130,6 +130,11 @@ def test_round_ratios_pair_runs_of_the_same_round() -> None:
     assert ratio_cell(two_rounds, (1, "engine", 3), (1, "engine", 0)) == "1.33x (1.00-1.80)"
     one_round = summarize(rows[:2])
     assert ratio_cell(one_round, (1, "engine", 3), (1, "engine", 0)) == "1.80x"
+    # the best k over k = 0: marked where its rounds fall on both sides of 1.0x
+    assert _best_vs_k0(summaries, 1, 3) == "1.50x (not above the noise: rounds 1.00-2.00)"
+    clear = summarize(rows[:2] + rows[4:])  # rounds 1.80x and 2.00x
+    assert _best_vs_k0(clear, 1, 3) == "1.91x"
+    assert _best_vs_k0(one_round, 1, 3) == "1.80x"  # one round: nothing to tell noise by
 
 
 def test_acceptance_sums_counts_over_batch_sizes() -> None:
