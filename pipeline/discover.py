@@ -62,7 +62,7 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     found = glob.glob(spec, recursive=True)
     files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     hidden = [p for p in files if _hidden_by_wildcard(p, spec)]
-    matches = [p for p in files if p not in set(hidden)]
+    matches = [p for p in files if not _hidden_by_wildcard(p, spec)]
     if not matches:
         if hidden:
             raise JobError(f"input {spec}: the glob matches only hidden files ({hidden[0]}: a "

@@ -118,10 +118,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
                                   config.chat_template, config.ignore_eos or models.random)
         bandwidth = measure_copy_bandwidth(p.device) if p.device.type == "cuda" else None
         meta = _metadata(config, models, workload, p, bandwidth, max_model_len)
-        meta["prompt_format"] = (  # how prompts became tokens, for the report's header
-            "messages" if config.messages_column is not None
-            else "chat" if config.chat_template and getattr(tokenizer, "chat_template", None)
-            else "raw" if not config.chat_template else "raw: no template")
+        meta["prompt_format"] = _prompt_format(config, tokenizer)
         _log(f"bench: {meta['model']} ({meta['dtype']}, {meta['device']}, "
              f"{meta['threads']} threads), {len(workload.prompts)} prompts, "
              f"max {config.max_tokens} tokens, batch sizes {list(config.batch_sizes)}, "
@@ -303,6 +300,15 @@ def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: P
         "clamped": sum(n < config.max_tokens for n in workload.max_tokens),
         "max_model_len": max_model_len,
     }
+
+
+def _prompt_format(config: BenchConfig, tokenizer: Any) -> str:
+    """How prompts became tokens, for the report's header (report._PROMPT_FORMATS)."""
+    if config.messages_column is not None:
+        return "messages"
+    if not config.chat_template:
+        return "raw"
+    return "chat" if getattr(tokenizer, "chat_template", None) else "raw: no template"
 
 
 # CPU flags that change how fast the products run, as named in /proc/cpuinfo -> in the report
