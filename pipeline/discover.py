@@ -45,11 +45,6 @@ def is_part_name(name: str) -> bool:
     return _PART_NAME.fullmatch(name) is not None
 
 
-def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
-    """The paths of discover_inputs."""
-    return [found.path for found in discover_inputs(spec, output_dir)]
-
-
 def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     """INPUT's files: a Parquet file; a directory's (see _directory_files); or a glob's matches,
     sorted, without the files a job writes in output_dir ('data/*/*.parquet' into data/out

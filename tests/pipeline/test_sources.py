@@ -13,12 +13,17 @@ import pytest
 
 import pipeline.discover as discover
 from pipeline.config import JobConfig, JobError
-from pipeline.discover import resolve_input
+from pipeline.discover import discover_inputs
 from pipeline.job import run_job
 from pipeline.sources import open_inputs, plan_inputs, plan_shards, scan_inputs
 from runtime.config import EngineConfig
 from runtime.engine import Engine
 from tests.pipeline.helpers import corrupt_page, write_parquet
+
+
+def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
+    """The paths discover_inputs finds."""
+    return [found.path for found in discover_inputs(spec, output_dir)]
 
 
 def _config(input_path: Path | str, **kw: object) -> JobConfig:
