@@ -19,6 +19,7 @@ from types import FrameType
 from typing import NamedTuple, TypeVar
 
 from pipeline.atomic import remove_stale_temps, write_bytes_atomically
+from pipeline.bench.metrics import BENCH_FILE
 from pipeline.config import JobConfig, JobError, one_line
 from pipeline.manifest import (
     LOCK_FILE,
@@ -156,6 +157,9 @@ def _check_output_dir(output_dir: str, input_spec: str, files: list[InputFile]) 
         raise JobError(f"OUTPUT_DIR {output_dir} holds the input file {inside[0]}; the job writes "
                        f"and deletes part files there (and a rerun would read them as input): "
                        f"choose another OUTPUT_DIR")
+    if os.path.isfile(os.path.join(output_dir, BENCH_FILE)):
+        raise JobError(f"OUTPUT_DIR {output_dir} holds a bench's {BENCH_FILE}: the job's "
+                       f"report would replace the bench's report.md; choose another OUTPUT_DIR")
     if os.path.isdir(input_spec) and os.path.realpath(input_spec) == real:
         raise JobError(f"OUTPUT_DIR {output_dir} is the INPUT directory; the job's part files "
                        f"would sit beside its partition folders (and a rerun would read them as "

@@ -98,17 +98,45 @@ def load_manifest(output_dir: str) -> Manifest | None:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         if not isinstance(data, dict):
-            raise TypeError(f"a JSON {type(data).__name__}, not an object")
-        runs = data.get("runs", [])
-        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
-            raise TypeError("runs is not a list of objects")
-        committed_at = {int(k): float(v) for k, v in data.get("committed_at", {}).items()}
-        digests = {int(k): str(v) for k, v in data.get("part_digests", {}).items()}
-        return Manifest(data["config"], data["inputs"], data["num_shards"],
-                        {int(k): Counts.from_json(v) for k, v in data["shards"].items()}, runs,
+            raise TypeError(f"{_json_kind(data)}, not an object")
+        config = _field(data, "config", dict)
+        _field(config, "sampling", dict, {})  # a report reads it
+        inputs = _field(data, "inputs", list)
+        runs = _field(data, "runs", list, [])
+        shards = _field(data, "shards", dict)
+        for name, items in (("inputs", inputs), ("runs", runs), ("shards", shards.values())):
+            if not all(isinstance(item, dict) for item in items):
+                raise TypeError(f"'{name}' holds something other than objects")
+        committed_at = {int(k): float(v)
+                        for k, v in _field(data, "committed_at", dict, {}).items()}
+        digests = {int(k): str(v) for k, v in _field(data, "part_digests", dict, {}).items()}
+        return Manifest(config, inputs, _field(data, "num_shards", int),
+                        {int(k): Counts.from_json(v) for k, v in shards.items()}, runs,
                         committed_at, digests)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:
         raise DamagedManifest(path, str(exc)) from None
+
+
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number",
+               float: "a number", bool: "true or false", type(None): "null"}
+_ABSENT = object()
+
+
+def _json_kind(value: object) -> str:
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _field(data: dict[str, Any], key: str, kind: type, default: Any = _ABSENT) -> Any:
+    """data[key], which must be of `kind` (a JSON object, array or integer here); `default`
+    where it is absent (without one, its absence is an error)."""
+    if key not in data:
+        if default is _ABSENT:
+            raise ValueError(f"no '{key}'")
+        return default
+    value = data[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"'{key}' is {_json_kind(value)}, not {_JSON_KINDS[kind]}")
+    return value
 
 
 def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dict[str, Any]],

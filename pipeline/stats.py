@@ -67,7 +67,17 @@ class Counts:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Counts:
-        return cls(**data)
+        """TypeError where a field is unknown or not a number (a list of integers for
+        accepted_per_position)."""
+        counts = cls(**data)
+        for name, value in asdict(counts).items():
+            listed = name == "accepted_per_position"
+            numbers = value if listed else [value]
+            if not isinstance(numbers, list) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+                raise TypeError(f"a shard's '{name}' is not "
+                                f"{'an array of numbers' if listed else 'a number'}")
+        return counts
 
     def derived(self) -> dict[str, Any]:
         """The rates of the module docstring."""

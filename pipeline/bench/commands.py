@@ -6,8 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.bench import markdown as md
-from pipeline.bench.config import BenchConfig, ReportConfig, scratch_leftovers
+from pipeline.bench.config import BenchConfig, ReportConfig, scratch_contents, scratch_leftovers
 from pipeline.bench.metrics import BENCH_FILE
 from pipeline.config import JobError
 from pipeline.manifest import JOB_REPORT_FILE, MANIFEST_FILE  # report.md, for bench's too
@@ -25,7 +24,7 @@ def report(config: ReportConfig) -> Path:
     the job report. An --out that holds another job's or bench's files is refused: the report
     written there would replace theirs."""
     for stale, size in scratch_leftovers(Path(config.directory)):
-        print(f"note: {stale} ({md.size(size)} of random weights) was left by a bench that was "
+        print(f"note: {stale} ({scratch_contents(size)}) was left by a bench that was "
               "killed: delete it, or the next bench into this directory removes it",
               file=sys.stderr)
     out = Path(config.out_dir)

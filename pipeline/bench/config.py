@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.bench import markdown as md
 from pipeline.config import JobError
 from runtime.config import DEFAULT_MODEL
 
@@ -25,6 +26,12 @@ def scratch_leftovers(directory: Path) -> list[tuple[Path, int]]:
         if stale.is_dir():
             found.append((stale, sum(f.stat().st_size for f in stale.rglob("*") if f.is_file())))
     return found
+
+
+def scratch_contents(size: int) -> str:
+    """What a scratch directory of scratch_leftovers holds, for a message: '513 MiB of random
+    weights', or 'empty' (a bench of real weights makes one too)."""
+    return f"{md.size(size)} of random weights" if size else "empty"
 
 
 @dataclass(frozen=True)

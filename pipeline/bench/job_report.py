@@ -371,7 +371,8 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
         parts.append(md.table(["error rows", "error"],
                               [[f"{n:,}", "`" + _one_line(e) + "`"] for e, n in shown]))
         if any(len(seen[p]) > 1 for p, _ in top):
-            parts.append("(N: numbers that differ from row to row, such as a prompt's tokens)")
+            parts.append("(N: a number; messages that differ only in their numbers are counted "
+                         "together)")
         if len(reasons) > len(top):
             parts.append(f"({len(reasons) - len(top)} other messages not listed)")
     if unread:

@@ -132,8 +132,8 @@ def _drafter(config: BenchConfig, model_dir: Path, scratch: Path,
         return shipped, f"shipped ({shipped.name})"
     if option == "none":
         raise JobError(f"--drafter none: the k > 0 variants of --k "
-                       f"{','.join(map(str, config.ks))} need a drafter (--k is 0,1,2,3,5 "
-                       "unless given); pass --k 0 to measure the engine without one")
+                       f"{','.join(map(str, config.ks))} need a drafter (--k's default is "
+                       "0,1,2,3,5); pass --k 0 to measure the engine without one")
     path = Path(option)
     if not (path / "config.json").is_file():
         raise JobError(f"--drafter {option}: not an EAGLE checkpoint directory (no config.json)")

@@ -33,8 +33,12 @@ import torch
 from tqdm import tqdm
 
 from pipeline.atomic import write_bytes_atomically
-from pipeline.bench import markdown as md
-from pipeline.bench.config import SCRATCH_PREFIX, BenchConfig, scratch_leftovers
+from pipeline.bench.config import (
+    SCRATCH_PREFIX,
+    BenchConfig,
+    scratch_contents,
+    scratch_leftovers,
+)
 from pipeline.bench.engine_run import EngineVariant, engine_config, measure_copy_bandwidth
 from pipeline.bench.hf_baseline import TransformersBaseline
 from pipeline.bench.metrics import (
@@ -49,7 +53,7 @@ from pipeline.bench.metrics import (
 )
 from pipeline.bench.models import BenchModels, resolve_models
 from pipeline.bench.plots import report_dir
-from pipeline.bench.report import remove_report, write_bench_report
+from pipeline.bench.report import REPORT_FILE, remove_report, write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
 from pipeline.config import JobError, one_line
 from pipeline.manifest import MANIFEST_FILE
@@ -72,9 +76,13 @@ def run_bench(config: BenchConfig) -> Path:
     if job_files:
         raise JobError(f"--out {out} holds a job's {job_files[0]}: a bench report there would "
                        "replace the job's report; pick another directory")
-    if (out / BENCH_FILE).exists() and not config.overwrite:
-        raise JobError(f"--out {out} holds an earlier bench's {BENCH_FILE}: pass --overwrite to "
-                       "replace it and its report, or pick another directory")
+    earlier = [name for name in (BENCH_FILE, REPORT_FILE) if (out / name).exists()]
+    if earlier and not config.overwrite:
+        what = (f"an earlier bench's {BENCH_FILE}" if earlier[0] == BENCH_FILE
+                else f"a {REPORT_FILE}")
+        theirs = " and its report" if earlier[0] == BENCH_FILE else ""
+        raise JobError(f"--out {out} holds {what}: pass --overwrite to replace it{theirs}, or "
+                       "pick another directory")
     created = not out.exists()
     report_dir(out)
     try:
@@ -341,7 +349,7 @@ def _remove_stale_scratch(out: Path) -> None:
     same --out removes it."""
     for stale, size in scratch_leftovers(out):
         shutil.rmtree(stale, ignore_errors=True)
-        _log(f"bench: removed {stale.name} ({md.size(size)} of random weights), left in --out "
+        _log(f"bench: removed {stale.name} ({scratch_contents(size)}), left in --out "
              f"by a bench that was killed")
 
 

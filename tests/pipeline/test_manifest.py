@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -50,11 +51,36 @@ def test_no_manifest_and_damaged_manifest(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(JobError, match=r"manifest.json is damaged .*rerun with --overwrite"):
         load_manifest(str(tmp_path))
-    for valid_json, kind in (("[]", "list"), ('"x"', "str"), ("3", "int")):  # not an object:
-        (tmp_path / "manifest.json").write_text(valid_json)  # an AttributeError traceback
-        with pytest.raises(JobError, match=rf"manifest.json is damaged \(a JSON {kind}, not an "
+    for valid_json, kind in (("[]", "an array"), ('"x"', "a string"), ("3", "a number"),
+                             ("null", "null")):  # not an object: an AttributeError traceback
+        (tmp_path / "manifest.json").write_text(valid_json)
+        with pytest.raises(JobError, match=rf"manifest.json is damaged \({kind}, not an "
                                            r"object\); rerun with --overwrite"):
             load_manifest(str(tmp_path))
+    # fields of the wrong type: tracebacks in report and resume
+    good = _manifest().to_json()
+    for change, reason in (
+            ({"config": []}, "'config' is an array, not an object"),
+            ({"config": {**good["config"], "sampling": "x"}},
+             "'sampling' is a string, not an object"),
+            ({"shards": []}, "'shards' is an array, not an object"),
+            ({"shards": {"0": 3}}, "'shards' holds something other than objects"),
+            ({"shards": {"0": {**Counts(rows=2).to_json(), "rows": "9"}}},
+             "a shard's 'rows' is not a number"),
+            ({"inputs": 5}, "'inputs' is a number, not an array"),
+            ({"committed_at": 3}, "'committed_at' is a number, not an object"),
+            ({"num_shards": "1"}, "'num_shards' is a string, not a number"),
+            ({"num_shards": True}, "'num_shards' is true or false, not a number"),
+            ({"runs": {}}, "'runs' is an object, not an array")):
+        (tmp_path / "manifest.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(JobError) as raised:
+            load_manifest(str(tmp_path))
+        assert str(raised.value) == (f"{tmp_path / 'manifest.json'} is damaged ({reason}); "
+                                     "rerun with --overwrite to start over")
+    del good["config"]
+    (tmp_path / "manifest.json").write_text(json.dumps(good))
+    with pytest.raises(JobError, match=r"is damaged \(no 'config'\)"):
+        load_manifest(str(tmp_path))
 
 
 def test_same_job_and_input_may_resume() -> None:

@@ -292,4 +292,4 @@ def test_error_messages_that_differ_only_in_numbers_are_counted_together(
         "| 2 | `prompt has N tokens; the model's context is N` |\n"
         "| 1 | `prompt is empty` |\n"
         "| 1 | `stop string 2 is not valid UTF-8` |\n\n"  # alone: as written
-        "(N: numbers that differ from row to row, such as a prompt's tokens)")
+        "(N: a number; messages that differ only in their numbers are counted together)")

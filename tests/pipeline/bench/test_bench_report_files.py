@@ -201,3 +201,28 @@ def test_bench_reads_chat_messages_as_generate_does(tiny_model_dir: Path, tmp_pa
     assert result.stderr == (f"error: --prompts {path}: column 'messages' is "
                              "list<element: struct<role: string, content: string>>, expected "
                              "string (--prompt-column) (chat messages: --messages-column)\n")
+
+
+def test_bench_and_job_directories_do_not_take_each_others_reports(
+        bench_dir: Path, tiny_model_dir: Path, prompts_file: Path, tmp_path: Path) -> None:
+    """bench replaced a report.md it had not written; a job ran in a bench's directory, whose
+    report then replaced the bench's."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                           "--out", str(mine), "--k", "0", "--batch-sizes", "1")
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: --out {mine} holds a report.md: pass --overwrite to replace it, or pick "
+           "another directory\n")
+    assert sorted(p.name for p in mine.iterdir()) == ["report.md"]
+    assert (mine / "report.md").read_text() == "my notes"
+    benched = tmp_path / "benched"
+    shutil.copytree(bench_dir, benched)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in benched.iterdir())
+    result = CliRunner().invoke(main, ["generate", str(prompts_file), str(benched), "--model",
+                                       str(tiny_model_dir), "--max-tokens", "2"])
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: OUTPUT_DIR {benched} holds a bench's bench.parquet: the job's report would "
+           "replace the bench's report.md; choose another OUTPUT_DIR\n")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in benched.iterdir()) == before

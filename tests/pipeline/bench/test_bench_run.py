@@ -132,7 +132,7 @@ def test_speculative_k_without_a_drafter_is_a_user_error(
                            str(prompts_file), "--out", str(tmp_path), "--k", "0,1")
     assert result.exit_code == 2
     assert result.stderr == ("error: --drafter none: the k > 0 variants of --k 0,1 need a "
-                             "drafter (--k is 0,1,2,3,5 unless given); pass --k 0 to measure "
+                             "drafter (--k's default is 0,1,2,3,5); pass --k 0 to measure "
                              "the engine without one\n")
 
 

@@ -39,7 +39,7 @@ def test_report_names_a_killed_bench_scratch(tmp_path: Path) -> None:
     (stale / "model.safetensors").write_bytes(b"\0" * (3 << 20))
     result = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert result.exit_code == 2
-    assert result.stderr == (
+    assert result.stderr == (  # (a bench of real weights leaves an empty one: "empty")
         f"note: {tmp_path / '.bench-models-k1ll3d'} (3 MiB of random weights) was left by a "
         "bench that was killed: delete it, or the next bench into this directory removes it\n"
         f"error: {tmp_path} has no manifest.json, stats.parquet or bench.parquet: not the "
