@@ -55,9 +55,9 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="Tokenize prompts as raw text, not as a chat user message.")
 @click.option("--out", required=True, help="REPORT_DIR: bench.parquet, report.md and PNG plots.")
 @click.option("--overwrite", is_flag=True,
-              help="Replace an earlier bench's bench.parquet, report.md and plots in --out "
-                   "(without it such an --out is refused); they go once the first round of "
-                   "this bench is written.")
+              help="Replace an earlier bench's bench.parquet, report.md and plots in --out, "
+                   "or any report.md there (without it such an --out is refused); they go "
+                   "once the first round of this bench is written.")
 @click.option("--batch-sizes", default="1,4,16,64", show_default=True, callback=_ints,
               help="Comma-separated batch sizes: the engine's --max-num-seqs and the static "
                    "batch size of the transformers baseline.")
