@@ -114,6 +114,11 @@ def main() -> None:
 @click.option("--messages-column", default=None,
               help="Input column of chat messages, list<struct<role, content>>, used instead of "
                    "--prompt-column and rendered with the model's chat template.")
+@click.option("--output-prefix", default="", show_default=False,
+              help="Put this before the names of the columns the job adds, e.g. judge_ gives "
+                   "judge_completion, judge_finish_reason, ... (default: none). Lets a job "
+                   "read another job's outputs, whose columns have the plain names: INPUT "
+                   "may then be that job's OUTPUT_DIR, with --prompt-column completion.")
 @click.option("--no-chat-template", "no_chat_template", is_flag=True,
               help="Tokenize prompts as raw text instead of wrapping them in the model's chat "
                    "template as a user message.")
@@ -293,6 +298,7 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
     return JobConfig(
         input=o["input"], output_dir=o["output_dir"], prompt_column=o["prompt_column"],
         id_column=o["id_column"], messages_column=o["messages_column"],
+        output_prefix=o["output_prefix"],
         chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
         overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
         top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]), engine=engine,

@@ -52,6 +52,8 @@ class JobConfig:
     prompt_column: str = "prompt"
     id_column: str = "id"
     messages_column: str | None = None
+    # put before the names of the columns the job adds (judge_ -> judge_completion, ...)
+    output_prefix: str = ""
     chat_template: bool = True
     shard_rows: int = 10_000
     n: int = 1
@@ -102,7 +104,9 @@ class JobConfig:
                          "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
                          "stop": list(self.stop)},
             "columns": {"prompt": self.prompt_column, "id": self.id_column,
-                        "messages": self.messages_column},
+                        "messages": self.messages_column,
+                        # only where given: the manifests of jobs without it stay resumable
+                        **({"output_prefix": self.output_prefix} if self.output_prefix else {})},
             "chat_template": self.chat_template,
             "n": self.n,
             "shard_rows": self.shard_rows,

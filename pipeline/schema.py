@@ -1,7 +1,7 @@
 """The output schema, and the checks that an input schema can be turned into it.
 
 Each output row is one input row (or one sample of it when n > 1) with every input column passed
-through unchanged, followed by:
+through unchanged, followed by (named after --output-prefix, if given: judge_completion, ...):
 
     sample_index          int32        only when n > 1: 0 .. n-1
     completion            string       the generated text, cut at the stop string; null on error
@@ -49,7 +49,17 @@ SAMPLE_INDEX_FIELD = pa.field("sample_index", pa.int32())
 OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
-def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | None) -> pa.Schema:
+def output_fields(prefix: str = "") -> tuple[pa.Field, ...]:
+    """The columns a job adds after the input's, named with --output-prefix before them."""
+    return tuple(f.with_name(prefix + f.name) for f in OUTPUT_FIELDS)
+
+
+def sample_index_field(prefix: str = "") -> pa.Field:
+    return SAMPLE_INDEX_FIELD.with_name(prefix + SAMPLE_INDEX_FIELD.name)
+
+
+def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | None,
+                  prefix: str = "") -> pa.Schema:
     """The schema of every part file written for inputs of `input_schema`. The input columns
     keep their types but may hold nulls (a row group that could not be read gives them null;
     input files may differ in whether a column is nullable)."""
@@ -57,8 +67,8 @@ def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | No
     if generated_id_column is not None:
         fields.insert(0, pa.field(generated_id_column, pa.string()))
     if n > 1:
-        fields.append(SAMPLE_INDEX_FIELD)
-    return pa.schema(fields + list(OUTPUT_FIELDS), metadata=input_schema.metadata)
+        fields.append(sample_index_field(prefix))
+    return pa.schema(fields + list(output_fields(prefix)), metadata=input_schema.metadata)
 
 
 def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
@@ -159,11 +169,13 @@ def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
         if name in names and not _override_type_ok(name, schema.field(name).type):
             raise JobError(f"{path}: column {name!r} overrides the {name} option per row and must "
                            f"be {_OVERRIDE_TYPE_NAMES[name]}, but it is {schema.field(name).type}")
-    reserved = [f.name for f in OUTPUT_FIELDS] + [SAMPLE_INDEX_FIELD.name]
+    prefix = config.output_prefix
+    reserved = [f.name for f in output_fields(prefix)] + [sample_index_field(prefix).name]
     clashes = [name for name in names if name in reserved]
     if clashes:
         raise JobError(f"{path}: input column {clashes[0]!r} has the name of an output column; "
-                       f"rename it (output columns: {', '.join(reserved)})")
+                       f"rename it, or give the output columns a prefix with --output-prefix "
+                       f"(output columns: {', '.join(reserved)})")
     if not has_id and config.id_column in reserved:
         raise JobError(f"--id-column {config.id_column!r}: {path} has no such column, so ids "
                        f"would be written to a new one, but that is the name of an output "

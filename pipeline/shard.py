@@ -27,6 +27,7 @@ class ShardContext(NamedTuple):
     id_column: str
     has_id_column: bool
     output_dir: str
+    output_prefix: str = ""  # --output-prefix
 
 
 class ShardHooks(NamedTuple):
@@ -58,7 +59,7 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
     outputs = _row_outputs(prepared, results, n, ctx)
     generated_ids = None if ctx.has_id_column else row_ids
     write_part(ctx.output_dir, shard.part_name,
-               assemble(table, outputs, n, generated_ids, ctx.id_column))
+               assemble(table, outputs, n, generated_ids, ctx.id_column, ctx.output_prefix))
     return _counts(results, outputs, time.monotonic() - start)
 
 

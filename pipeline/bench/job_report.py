@@ -97,7 +97,8 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     busy = None if spans is None else busy_seconds(list(spans.values()))
     sections = [_header(directory, manifest, shards, done, missing, damaged, from_files),
                 _totals(totals, busy, k),
-                _error_reasons(directory, shards), _shard_table(shards, committed),
+                _error_reasons(directory, shards, _output_prefix(manifest)),
+                _shard_table(shards, committed),
                 _plot_links(drawn)]
     path = out / REPORT_FILE
     path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
@@ -341,9 +342,15 @@ def _seconds(value: float) -> str:
     return md.num(value, 3 if value < 10 else 1)
 
 
-def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
+def _output_prefix(manifest: Manifest | None) -> str:
+    """The job's --output-prefix ('' where it had none, or the manifest is gone)."""
+    columns = manifest.config.get("columns") if manifest is not None else None
+    return str(columns.get("output_prefix", "")) if isinstance(columns, dict) else ""
+
+
+def _error_reasons(directory: str, shards: dict[int, Counts], prefix: str = "") -> str:
     """The most common `error` messages of the committed shards' error rows, read from their
-    part files (only where some shard has error rows)."""
+    part files (only where some shard has error rows; the column is `prefix`error)."""
     with_errors = [s for s, c in shards.items() if c.errors]
     if not with_errors:
         return ""
@@ -353,7 +360,7 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
     for shard in with_errors:
         path = os.path.join(directory, part_name(shard))
         try:
-            column = pq.read_table(path, columns=["error"]).column("error")
+            column = pq.read_table(path, columns=[prefix + "error"]).column(0)
         except (OSError, KeyError, pa.ArrowInvalid):
             unread.append(shard)
             continue

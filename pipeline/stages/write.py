@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.atomic import write_atomically
-from pipeline.schema import OUTPUT_FIELDS, SAMPLE_INDEX_FIELD, output_schema
+from pipeline.schema import output_fields, output_schema, sample_index_field
 
 
 class RowOutput(NamedTuple):
@@ -28,8 +28,9 @@ class RowOutput(NamedTuple):
 
 
 def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
-             generated_ids: Sequence[str] | None, id_column: str) -> pa.Table:
-    """Input columns (each row repeated n times when n > 1) + generated columns.
+             generated_ids: Sequence[str] | None, id_column: str, prefix: str = "") -> pa.Table:
+    """Input columns (each row repeated n times when n > 1) + generated columns (their names
+    after `prefix`, --output-prefix).
 
     outputs[i * n + s] is sample s of input row i.
     """
@@ -43,10 +44,11 @@ def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
         table = table.take(pa.array([row for row in range(inputs.num_rows) for _ in range(n)],
                                     pa.int64()))
         samples = pa.array([s for _ in range(inputs.num_rows) for s in range(n)], pa.int32())
-        table = table.append_column(SAMPLE_INDEX_FIELD, samples)
-    for index, field in enumerate(OUTPUT_FIELDS):
+        table = table.append_column(sample_index_field(prefix), samples)
+    for index, field in enumerate(output_fields(prefix)):
         table = table.append_column(field, pa.array([o[index] for o in outputs], field.type))
-    schema = output_schema(inputs.schema, n, id_column if generated_ids is not None else None)
+    schema = output_schema(inputs.schema, n, id_column if generated_ids is not None else None,
+                           prefix)
     return table.cast(schema)
 
 
