@@ -282,6 +282,10 @@ class _WorkerPool:
                 write_bytes_atomically(
                     os.path.join(self._config.output_dir, task.shard.part_name), result.part)
                 yield task.shard.shard_id, result.counts
+                # the tokens generated since the last poll (a shard shorter than the poll
+                # interval had none on the bar, whose last line read 0.0 tok/s)
+                if (rest := result.counts.completion_tokens - so_far.tokens) > 0:
+                    hooks.on_step(rest)
 
     def _result(self, ref: Any, task: _Task) -> ShardResult | None:
         """The shard's result; None when its worker died (the shard is to be redone)."""
