@@ -74,6 +74,11 @@ class JobConfig:
             raise JobError(f"--n must be >= 1, got {self.n}")
         if self.messages_column is not None and not self.chat_template:
             raise JobError("--messages-column needs the chat template; drop --no-chat-template")
+        if any(c.isspace() or not c.isprintable() or "\ud800" <= c <= "\udfff"
+               for c in self.output_prefix):
+            raise JobError(f"--output-prefix {self.output_prefix!r}: column names made with it "
+                           "would hold spaces, control characters or bytes that are not UTF-8; "
+                           "choose letters, digits and signs such as _")
         try:
             self.sampling_params()
         except ValueError as exc:

@@ -18,6 +18,7 @@ from pipeline.config import JobError
 from pipeline.stats import STATS_FILE
 
 MANIFEST_FILE = "manifest.json"  # a job's, beside its part files (pipeline.manifest)
+SUCCESS_FILE = "_SUCCESS"  # a job's, once every shard is committed
 _PART_NAME = re.compile(r"part-\d{5,}\.parquet")
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
@@ -56,13 +57,13 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
         return _directory_files(spec)
     found = glob.glob(spec, recursive=True)
     files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
-    hidden = [p for p in files if _hidden_by_wildcard(p, spec)]
-    matches = [p for p in files if not _hidden_by_wildcard(p, spec)]
+    hidden = [p for p in files if _not_data(p, spec)]
+    matches = [p for p in files if not _not_data(p, spec)]
     if not matches:
         if hidden:
-            raise JobError(f"input {spec}: the glob matches only hidden files ({hidden[0]}: a "
-                           f"name starting with '_' or '.' that the glob's wildcards matched); "
-                           f"spell the name out in the glob to read it")
+            raise JobError(f"input {spec}: the glob matches only files that are not data "
+                           f"({hidden[0]}: {_NOT_DATA}); spell the name out in the glob to read "
+                           f"it")
         if any(os.path.isdir(p) for p in found):
             raise JobError(f"input {spec}: the glob matches only directories; match the files "
                            f"in them (e.g. {os.path.join(spec, '*.parquet')})")
@@ -70,11 +71,29 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
             raise JobError(f"input {spec}: the glob matches only the job's own output files")
         raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
     if hidden:
-        print(f"note: input {spec}: left out {len(hidden)} hidden file(s) the glob's wildcards "
-              f"matched, such as {hidden[0]} (a file or folder named '_x' or '.x', such as "
-              f"Spark's _temporary, is not data; spell the name out in the glob to read it)",
-              file=sys.stderr)
+        print(f"note: input {spec}: left out {len(hidden)} file(s) the glob's wildcards matched "
+              f"that are not data, such as {hidden[0]} ({_NOT_DATA}; spell the name out in the "
+              f"glob to read it)", file=sys.stderr)
     return [Found(p) for p in matches]
+
+
+_NOT_DATA = ("a file or folder named '_x' or '.x', such as Spark's _temporary, or a job's "
+             "stats.parquet beside its manifest.json")
+
+
+def _not_data(path: str, spec: str) -> bool:
+    """Whether a wildcard of the glob `spec` matched a name on `path` that is not data: a hidden
+    one (_hidden_by_wildcard) or a job's stats.parquet ('out/*.parquet' over a job's
+    OUTPUT_DIR: its part files are its rows)."""
+    name = os.path.basename(path)
+    return _hidden_by_wildcard(path, spec) or (
+        name == STATS_FILE and name not in _spelled(spec)
+        and os.path.isfile(os.path.join(os.path.dirname(path), MANIFEST_FILE)))
+
+
+def _spelled(spec: str) -> set[str]:
+    """The names a glob spells out, without wildcards."""
+    return {part for part in spec.split(os.sep) if not glob.has_magic(part)}
 
 
 def _hidden_by_wildcard(path: str, spec: str) -> bool:
@@ -82,7 +101,7 @@ def _hidden_by_wildcard(path: str, spec: str) -> bool:
     left out of a directory INPUT (see _directory_files), such as the attempt files under a
     Spark job's `_temporary/` folder that 'data/**/*.parquet' matches. A name the glob spells
     out ('data/_staging/*.parquet') is meant."""
-    spelled = {part for part in spec.split(os.sep) if not glob.has_magic(part)}
+    spelled = _spelled(spec)
     *folders, name = path.split(os.sep)
     return ((name.startswith((".", "_")) and name not in spelled)
             or any(not _is_data_folder(f) and f not in spelled for f in folders
@@ -114,6 +133,12 @@ def _directory_files(directory: str) -> list[Found]:
         if job_output and rel != ".":  # another job's outputs: not input, nor what is below
             dirs[:] = []
             continue
+        if job_output and SUCCESS_FILE not in files:
+            raise JobError(f"input directory {directory} is the OUTPUT_DIR of a job that has not "
+                           f"finished (no {SUCCESS_FILE}): rows of its unfinished shards would "
+                           f"be missing; finish that job (rerun its command), or give the part "
+                           f"files written so far as a glob, "
+                           f"'{os.path.join(directory, 'part-*.parquet')}'")
         kept = []
         for name in sorted(dirs):
             path = os.path.join(root, name)

@@ -34,6 +34,7 @@ from pipeline.manifest import (
     with_input_digests,
 )
 from pipeline.progress import Progress
+from pipeline.schema import OVERRIDE_COLUMNS
 from pipeline.shard import ShardContext, ShardHooks, run_shard
 from pipeline.sources import (
     InputFile,
@@ -93,6 +94,11 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
     runner = _runner(config)
     files, schema, has_id = open_inputs(config)
     _check_output_dir(config.output_dir, config.input, files)
+    if overrides := [name for name in OVERRIDE_COLUMNS if name in schema.names]:
+        # said, as they may come from an earlier job's input (a job reading its outputs)
+        print(f"note: input column(s) {', '.join(overrides)} override the job's options row by "
+              "row where they are not null (rename them to apply the options to every row)",
+              file=sys.stderr)
     files = scan_inputs(files, config, has_id)
     plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
     created = not os.path.exists(config.output_dir)

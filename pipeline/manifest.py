@@ -32,14 +32,13 @@ import pyarrow.parquet as pq
 
 from pipeline.atomic import is_temp_name, write_bytes_atomically
 from pipeline.config import JobError, one_line
-from pipeline.discover import MANIFEST_FILE, is_part_name, part_name
+from pipeline.discover import MANIFEST_FILE, SUCCESS_FILE, is_part_name, part_name
 from pipeline.stats import STATS_FILE, Counts, total
 
 # what `eaglebatch report` writes into a job's OUTPUT_DIR (pipeline.bench.job_report)
 JOB_REPORT_FILE = "report.md"
 JOB_PLOTS = {"throughput": "shard_tokens_per_s.png", "acceptance": "acceptance_by_position.png",
              "errors": "errors_by_shard.png"}
-SUCCESS_FILE = "_SUCCESS"
 LOCK_FILE = ".eaglebatch.lock"
 _VERSION = 1
 

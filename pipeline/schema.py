@@ -170,12 +170,14 @@ def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
             raise JobError(f"{path}: column {name!r} overrides the {name} option per row and must "
                            f"be {_OVERRIDE_TYPE_NAMES[name]}, but it is {schema.field(name).type}")
     prefix = config.output_prefix
-    reserved = [f.name for f in output_fields(prefix)] + [sample_index_field(prefix).name]
+    reserved = ([sample_index_field(prefix).name] if config.n > 1 else []) + [
+        f.name for f in output_fields(prefix)]
     clashes = [name for name in names if name in reserved]
     if clashes:
+        way = (f"choose another --output-prefix ({prefix!r} makes {clashes[0]!r} too)" if prefix
+               else "rename it, or give the output columns a prefix with --output-prefix")
         raise JobError(f"{path}: input column {clashes[0]!r} has the name of an output column; "
-                       f"rename it, or give the output columns a prefix with --output-prefix "
-                       f"(output columns: {', '.join(reserved)})")
+                       f"{way} (output columns: {', '.join(reserved)})")
     if not has_id and config.id_column in reserved:
         raise JobError(f"--id-column {config.id_column!r}: {path} has no such column, so ids "
                        f"would be written to a new one, but that is the name of an output "

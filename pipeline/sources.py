@@ -305,8 +305,20 @@ def _find_duplicate(files: list[InputFile], id_column: str, hashes: set[int]) ->
                 if value in first_seen:
                     path, row = first_seen[value]
                     raise JobError(f"duplicate id {value!r} in column {id_column!r}: {path} row "
-                                   f"{row} and {f.path} row {offset + i}; ids must be unique")
+                                   f"{row} and {f.path} row {offset + i}; ids must be unique"
+                                   + _samples_hint(f, id_column))
                 first_seen[value] = (f.path, offset + i)
+
+
+def _samples_hint(f: InputFile, id_column: str) -> str:
+    """Where the input is the output of a job with --n > 1 (its samples share their row's id):
+    how to read it."""
+    names = pq.read_schema(f.path).names
+    if not any(name.endswith("sample_index") for name in names):
+        return ""
+    return (f" (the input is the output of a job with --n > 1, whose samples of a row share its "
+            f"id: name a new id column, e.g. --id-column {id_column}_2, and ids are made from "
+            f"file and row)")
 
 
 def _check_stems_unique(files: list[InputFile], id_column: str) -> None:

@@ -97,7 +97,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     busy = None if spans is None else busy_seconds(list(spans.values()))
     sections = [_header(directory, manifest, shards, done, missing, damaged, from_files),
                 _totals(totals, busy, k),
-                _error_reasons(directory, shards, _output_prefix(manifest)),
+                _error_reasons(directory, shards),
                 _shard_table(shards, committed),
                 _plot_links(drawn)]
     path = out / REPORT_FILE
@@ -342,15 +342,11 @@ def _seconds(value: float) -> str:
     return md.num(value, 3 if value < 10 else 1)
 
 
-def _output_prefix(manifest: Manifest | None) -> str:
-    """The job's --output-prefix ('' where it had none, or the manifest is gone)."""
-    columns = manifest.config.get("columns") if manifest is not None else None
-    return str(columns.get("output_prefix", "")) if isinstance(columns, dict) else ""
-
-
-def _error_reasons(directory: str, shards: dict[int, Counts], prefix: str = "") -> str:
+def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
     """The most common `error` messages of the committed shards' error rows, read from their
-    part files (only where some shard has error rows; the column is `prefix`error)."""
+    part files (only where some shard has error rows). The job's error column is a part file's
+    last: `error`, or P + `error` with --output-prefix P (an input column of that name, from an
+    earlier job, comes before it)."""
     with_errors = [s for s, c in shards.items() if c.errors]
     if not with_errors:
         return ""
@@ -360,7 +356,10 @@ def _error_reasons(directory: str, shards: dict[int, Counts], prefix: str = "") 
     for shard in with_errors:
         path = os.path.join(directory, part_name(shard))
         try:
-            column = pq.read_table(path, columns=[prefix + "error"]).column(0)
+            last = pq.read_schema(path).names[-1]
+            if not last.endswith("error"):
+                raise KeyError(last)  # not a part file of a job
+            column = pq.read_table(path, columns=[last]).column(0)
         except (OSError, KeyError, pa.ArrowInvalid):
             unread.append(shard)
             continue

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from jobs.cli import main
@@ -36,7 +35,7 @@ def test_a_job_reads_another_jobs_outputs_with_an_output_prefix(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     model = ("--model", str(tiny_model_dir))
     questions = write_parquet(tmp_path / "topics.parquet",
-                              {"prompt": ["Ask about rain", None, "Ask about bread"]})
+                              {"prompt": ["Ask about rain", None, "Ask about bread", ""]})
     first, second = tmp_path / "questions", tmp_path / "answers"
     code, stderr = _generate(str(questions), str(first), *model)
     assert code == 0, stderr
@@ -48,7 +47,7 @@ def test_a_job_reads_another_jobs_outputs_with_an_output_prefix(
     assert stderr == (
         f"error: {first / 'part-00000.parquet'}: input column 'completion' has the name of an "
         "output column; rename it, or give the output columns a prefix with --output-prefix "
-        f"(output columns: {', '.join(OUTPUTS)}, sample_index)\n")
+        f"(output columns: {', '.join(OUTPUTS)})\n")  # sample_index only with --n > 1
     assert not second.exists()
     answer = ("--prompt-column", "completion", "--output-prefix", "answer_")
     code, stderr = _generate(str(first), str(second), *model, *answer)
@@ -59,12 +58,12 @@ def test_a_job_reads_another_jobs_outputs_with_an_output_prefix(
     assert answered.select(asked.column_names) == asked.cast(answered.select(
         asked.column_names).schema)
     rows = answered.to_pylist()
-    assert [r["id"] for r in rows] == ["topics:0", "topics:1", "topics:2"]
+    assert [r["id"] for r in rows] == ["topics:0", "topics:1", "topics:2", "topics:3"]
     for row in rows[::2]:  # each question is answered as a prompt of its own
         assert row["answer_completion_token_ids"] == _greedy(tiny_engine, row["completion"])
         assert row["answer_finish_reason"] in ("stop", "length")
-    assert (rows[1]["answer_finish_reason"], rows[1]["answer_error"]) == ("error",
-                                                                          "prompt is null")
+    assert [(r["error"], r["answer_error"]) for r in rows[1::2]] == [
+        ("prompt is null", "prompt is null"), ("prompt is empty", "prompt is null")]
     # a rerun with another prefix would write other columns: refused, named
     code, stderr = _generate(str(first), str(second), *model, "--prompt-column", "completion",
                              "--output-prefix", "reply_")
@@ -73,6 +72,79 @@ def test_a_job_reads_another_jobs_outputs_with_an_output_prefix(
     result = CliRunner().invoke(main, ["report", str(second)])
     assert result.exit_code == 0, result.output
     report = (second / "report.md").read_text()
-    assert "## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n| 1 | " \
-           "`prompt is null` |" in report
-    assert pq.read_schema(second / "part-00000.parquet").names[-1] == "answer_error"
+    errors = ("## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n"
+              "| 2 | `prompt is null` |\n")  # its own, not the first job's (null, empty)
+    assert errors in report
+    # the same without the manifest (it read the first job's error column)
+    (second / "manifest.json").unlink()
+    result = CliRunner().invoke(main, ["report", str(second)])
+    assert result.exit_code == 0, result.output
+    assert errors in (second / "report.md").read_text()
+
+
+def test_reading_other_jobs_outputs_is_refused_where_rows_would_be_lost_or_misnamed(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    model = ("--model", str(tiny_model_dir))
+    topics = write_parquet(tmp_path / "topics.parquet",
+                           {"prompt": ["Ask about rain", "Ask about snow"], "max_tokens": [2, 3]})
+    first = tmp_path / "questions"
+    code, stderr = _generate(str(topics), str(first), *model, "--shard-rows", "1")
+    assert code == 0, stderr
+    # the first job's per-row options would apply again: said
+    answer = ("--prompt-column", "completion", "--output-prefix", "answer_")
+    code, stderr = _generate(str(first), str(tmp_path / "answers"), *model, *answer)
+    assert code == 0, stderr
+    assert ("note: input column(s) max_tokens override the job's options row by row where they "
+            "are not null (rename them to apply the options to every row)\n") in stderr
+    assert read_parts(tmp_path / "answers").column("answer_completion_tokens").to_pylist() == [
+        2, 3]
+    # a job that has not finished: its unfinished shards' rows would be missing
+    (first / "_SUCCESS").unlink()
+    code, stderr = _generate(str(first), str(tmp_path / "early"), *model, *answer)
+    assert (code, stderr) == (2, (
+        f"error: input directory {first} is the OUTPUT_DIR of a job that has not finished (no "
+        f"_SUCCESS): rows of its unfinished shards would be missing; finish that job (rerun its "
+        f"command), or give the part files written so far as a glob, "
+        f"'{first / 'part-*.parquet'}'\n"))
+    # a glob over the folder leaves out the job's stats.parquet (its schema is another)
+    code, stderr = _generate(f"{first}/*.parquet", str(tmp_path / "globbed"), *model, *answer)
+    assert code == 0, stderr
+    assert f"left out 1 file(s) the glob's wildcards matched that are not data, such as " \
+           f"{first / 'stats.parquet'}" in stderr
+    # the prefix that made the columns read, again: the way out is another prefix
+    again = tmp_path / "answers"
+    code, stderr = _generate(str(again), str(tmp_path / "x"), *model, "--prompt-column",
+                             "answer_completion", "--output-prefix", "answer_")
+    assert code == 2 and ("input column 'answer_completion' has the name of an output column; "
+                          "choose another --output-prefix ('answer_' makes 'answer_completion' "
+                          "too)") in stderr
+    for bad in (" ", "a b_", "\t", "\udcff_"):
+        code, stderr = _generate(str(again), str(tmp_path / "x"), *model, "--output-prefix", bad)
+        assert (code, stderr) == (2, f"error: --output-prefix {bad!r}: column names made with it "
+                                     "would hold spaces, control characters or bytes that are "
+                                     "not UTF-8; choose letters, digits and signs such as _\n")
+
+
+def test_a_job_with_samples_as_input_says_how_to_name_its_rows(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Samples of a row share its id: the refusal of repeated ids said nothing more."""
+    model = ("--model", str(tiny_model_dir))
+    topics = write_parquet(tmp_path / "topics.parquet", {"prompt": ["Ask about rain"]})
+    first = tmp_path / "questions"
+    code, stderr = _generate(str(topics), str(first), *model, "--n", "2", "--seed", "1",
+                             "--temperature", "0.8")
+    assert code == 0, stderr
+    answer = ("--prompt-column", "completion", "--output-prefix", "answer_")
+    code, stderr = _generate(str(first), str(tmp_path / "answers"), *model, *answer)
+    part = first / "part-00000.parquet"
+    assert (code, stderr) == (2, (
+        f"error: duplicate id 'topics:0' in column 'id': {part} row 0 and {part} row 1; ids "
+        "must be unique (the input is the output of a job with --n > 1, whose samples of a row "
+        "share its id: name a new id column, e.g. --id-column id_2, and ids are made from file "
+        "and row)\n"))
+    code, stderr = _generate(str(first), str(tmp_path / "answers"), *model, *answer,
+                             "--id-column", "id_2")
+    assert code == 0, stderr
+    rows = read_parts(tmp_path / "answers").to_pylist()
+    assert [(r["id_2"], r["id"], r["sample_index"]) for r in rows] == [
+        ("part-00000:0", "topics:0", 0), ("part-00000:1", "topics:0", 1)]

@@ -205,9 +205,10 @@ def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
     assert resolve_input(f"{data}/**/*.parquet") == [str(data / "_src=web" / "part-1.parquet"),
                                                      str(data / "part-0.parquet")]
     assert capsys.readouterr().err == (
-        f"note: input {data}/**/*.parquet: left out 2 hidden file(s) the glob's wildcards "
-        f"matched, such as {data}/_meta.parquet (a file or folder named '_x' or '.x', such as "
-        f"Spark's _temporary, is not data; spell the name out in the glob to read it)\n")
+        f"note: input {data}/**/*.parquet: left out 2 file(s) the glob's wildcards matched "
+        f"that are not data, such as {data}/_meta.parquet (a file or folder named '_x' or '.x', "
+        f"such as Spark's _temporary, or a job's stats.parquet beside its manifest.json; spell "
+        f"the name out in the glob to read it)\n")
     # a name the glob spells out is meant, in INPUT's own path too
     assert resolve_input(f"{data}/_temporary/*/_temporary/*/*.parquet") == [
         str(data / "_temporary/0/_temporary/attempt_1/part-2.parquet")]
@@ -216,9 +217,10 @@ def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
     with pytest.raises(JobError) as raised:
         resolve_input(f"{data}/*/0/*/*/*.parquet")
     assert str(raised.value) == (
-        f"input {data}/*/0/*/*/*.parquet: the glob matches only hidden files "
-        f"({data}/_temporary/0/_temporary/attempt_1/part-2.parquet: a name starting with '_' or "
-        f"'.' that the glob's wildcards matched); spell the name out in the glob to read it")
+        f"input {data}/*/0/*/*/*.parquet: the glob matches only files that are not data "
+        f"({data}/_temporary/0/_temporary/attempt_1/part-2.parquet: a file or folder named '_x' "
+        f"or '.x', such as Spark's _temporary, or a job's stats.parquet beside its "
+        f"manifest.json); spell the name out in the glob to read it")
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
