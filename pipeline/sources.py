@@ -316,9 +316,11 @@ def _samples_hint(f: InputFile, id_column: str) -> str:
     names = pq.read_schema(f.path).names
     if not any(name.endswith("sample_index") for name in names):
         return ""
+    new = next(f"{id_column}_{i}" for i in range(2, len(names) + 3)
+               if f"{id_column}_{i}" not in names)  # one the input does not have
     return (f" (the input is the output of a job with --n > 1, whose samples of a row share its "
-            f"id: name a new id column, e.g. --id-column {id_column}_2, and ids are made from "
-            f"file and row)")
+            f"id: name a new id column, e.g. --id-column {new}, and ids are made from file and "
+            f"row)")
 
 
 def _check_stems_unique(files: list[InputFile], id_column: str) -> None:

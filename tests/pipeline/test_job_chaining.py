@@ -148,3 +148,12 @@ def test_a_job_with_samples_as_input_says_how_to_name_its_rows(
     rows = read_parts(tmp_path / "answers").to_pylist()
     assert [(r["id_2"], r["id"], r["sample_index"]) for r in rows] == [
         ("part-00000:0", "topics:0", 0), ("part-00000:1", "topics:0", 1)]
+    # a second --n job over those: the name suggested is one the input does not have yet
+    code, stderr = _generate(str(tmp_path / "answers"), str(tmp_path / "judged"), *model,
+                             "--prompt-column", "answer_completion", "--output-prefix", "judge_",
+                             "--n", "2", "--seed", "1", "--temperature", "0.8", "--id-column",
+                             "id_2")
+    assert code == 0, stderr
+    code, stderr = _generate(str(tmp_path / "judged"), str(tmp_path / "again"), *model,
+                             "--prompt-column", "judge_completion", "--output-prefix", "x_")
+    assert code == 2 and "e.g. --id-column id_3, and ids" in stderr  # (id_2 is there)
