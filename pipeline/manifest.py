@@ -232,8 +232,14 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += _differences(a, b, f"{prefix}{key}.")
         elif a != b:
-            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+            diffs.append(f"{prefix}{key}: {_shown(old, key)} -> {_shown(new, key)}")
     return diffs
+
+
+def _shown(config: dict[str, Any], key: str) -> str:
+    """An option's value in a difference; 'not given' for one a job's fingerprint leaves out
+    unless given (--output-prefix)."""
+    return repr(config[key]) if key in config else "not given"
 
 
 def with_input_digests(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:

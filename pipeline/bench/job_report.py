@@ -253,6 +253,7 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
         f"- max_tokens {sampling.get('max_tokens')}, temperature {sampling.get('temperature')}, "
         f"n {config.get('n')}, {config.get('shard_rows')} rows per shard, "
         f"{len(manifest.inputs)} input file(s)",
+        _columns_line(config.get("columns")),
     ]
     if manifest.runs:
         what = "its start and every resume" if len(manifest.runs) > 1 else "started"
@@ -269,6 +270,18 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
 
 
 _MAX_RUNS = 10
+
+
+def _columns_line(columns: Any) -> str:
+    """The columns the job read and the prefix of those it wrote (--output-prefix)."""
+    if not isinstance(columns, dict):
+        return "- columns: not recorded"
+    read = (f"messages from `{columns['messages']}`" if columns.get("messages")
+            else f"prompts from `{columns.get('prompt')}`")
+    prefix = columns.get("output_prefix")
+    wrote = f"`{prefix}completion`, ... (`--output-prefix {prefix}`)" if prefix else \
+        "`completion`, ..."
+    return f"- {read}, ids from `{columns.get('id')}`; the job's columns {wrote}"
 _NOT_DRAWN = {"throughput": "no shard committed yet", "acceptance": "nothing was drafted",
               "errors": "no shard committed yet"}
 _MAX_PENDING = 20

@@ -72,6 +72,8 @@ def test_a_job_reads_another_jobs_outputs_with_an_output_prefix(
     result = CliRunner().invoke(main, ["report", str(second)])
     assert result.exit_code == 0, result.output
     report = (second / "report.md").read_text()
+    assert ("\n- prompts from `completion`, ids from `id`; the job's columns `answer_completion`, "
+            "... (`--output-prefix answer_`)\n") in report
     errors = ("## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n"
               "| 2 | `prompt is null` |\n")  # its own, not the first job's (null, empty)
     assert errors in report

@@ -97,6 +97,12 @@ def test_a_different_job_is_refused_naming_what_changed() -> None:
         "out holds the outputs of a different job (sampling.stop: [] -> ['\\n']; "
         "sampling.temperature: 0.0 -> 0.7); rerun with --overwrite to discard them, "
         "or choose another OUTPUT_DIR")
+    # an option the fingerprint holds only where given (it read "'a_' -> None")
+    prefixed = _manifest(output_prefix="a_")
+    with pytest.raises(JobError, match=r"\(columns.output_prefix: 'a_' -> not given\)"):
+        check_resumable(prefixed, m.config, INPUTS, "out")
+    with pytest.raises(JobError, match=r"\(columns.output_prefix: not given -> 'a_'\)"):
+        check_resumable(m, prefixed.config, INPUTS, "out")
 
 
 @pytest.mark.parametrize(("inputs", "change"), [
