@@ -225,8 +225,11 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
     if baseline is not None:
         baseline.warm_up(workload, batch_size)
     runs_per_round = len(variants) + (baseline is not None)
+    # on a terminal only: in a log (a file or pipe) its carriage-return redraws made one long
+    # line, and the line _timed writes after each run says the progress there
     bar = tqdm(total=config.repeats * runs_per_round * len(workload.prompts), unit="request",
-               desc=f"batch {batch_size}", file=sys.stderr, dynamic_ncols=True, leave=False)
+               desc=f"batch {batch_size}", file=sys.stderr, dynamic_ncols=True, leave=False,
+               disable=not sys.stderr.isatty())
     try:
         for repeat in range(config.repeats):
             runs: list[RunRecord | None] = [None] * (len(engines) + len(ceilings) + 1)

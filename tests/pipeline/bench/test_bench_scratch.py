@@ -28,6 +28,8 @@ def test_a_killed_bench_scratch_is_removed_by_the_next_bench(
     assert ("bench: removed .bench-models-k1ll3d (1 MiB of random weights), left in --out by "
             "a bench that was killed") in result.stderr
     assert keep.read_text() == "mine"
+    # into a file or pipe (here, as in a log): lines, not a progress bar's "\r" redraws
+    assert "\r" not in result.stderr and "B=1   engine k=0" in result.stderr
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 
