@@ -42,6 +42,12 @@ class RayConfig:
             raise JobError(f"--gpus-per-worker must be >= 0, got {self.gpus_per_worker}")
 
 
+def check_messages_template(messages_column: str | None, chat_template: bool) -> None:
+    """A messages column is rendered with the chat template (generate's and bench's options)."""
+    if messages_column is not None and not chat_template:
+        raise JobError("--messages-column needs the chat template; drop --no-chat-template")
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """One `eaglebatch generate` job. The sampling fields are the defaults for every row; optional
@@ -72,8 +78,7 @@ class JobConfig:
             raise JobError(f"--shard-rows must be >= 1, got {self.shard_rows}")
         if self.n < 1:
             raise JobError(f"--n must be >= 1, got {self.n}")
-        if self.messages_column is not None and not self.chat_template:
-            raise JobError("--messages-column needs the chat template; drop --no-chat-template")
+        check_messages_template(self.messages_column, self.chat_template)
         if any(c.isspace() or not c.isprintable() or "\ud800" <= c <= "\udfff"
                for c in self.output_prefix):
             raise JobError(f"--output-prefix {self.output_prefix!r}: column names made with it "

@@ -57,8 +57,11 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
         return _directory_files(spec)
     found = glob.glob(spec, recursive=True)
     files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
-    hidden = [p for p in files if _not_data(p, spec)]
-    matches = [p for p in files if not _not_data(p, spec)]
+    spelled = _spelled(spec)
+    hidden: list[str] = []  # matched, but not data
+    matches: list[str] = []
+    for path in files:
+        (hidden if _not_data(path, spelled) else matches).append(path)
     if not matches:
         if hidden:
             raise JobError(f"input {spec}: the glob matches only files that are not data "
@@ -81,13 +84,13 @@ _NOT_DATA = ("a file or folder named '_x' or '.x', such as Spark's _temporary, o
              "stats.parquet beside its manifest.json")
 
 
-def _not_data(path: str, spec: str) -> bool:
-    """Whether a wildcard of the glob `spec` matched a name on `path` that is not data: a hidden
-    one (_hidden_by_wildcard) or a job's stats.parquet ('out/*.parquet' over a job's
-    OUTPUT_DIR: its part files are its rows)."""
+def _not_data(path: str, spelled: set[str]) -> bool:
+    """Whether a wildcard of a glob (which spells out the names `spelled`) matched a name on
+    `path` that is not data: a hidden one (_hidden_by_wildcard) or a job's stats.parquet
+    ('out/*.parquet' over a job's OUTPUT_DIR: its part files are its rows)."""
     name = os.path.basename(path)
-    return _hidden_by_wildcard(path, spec) or (
-        name == STATS_FILE and name not in _spelled(spec)
+    return _hidden_by_wildcard(path, spelled) or (
+        name == STATS_FILE and name not in spelled
         and os.path.isfile(os.path.join(os.path.dirname(path), MANIFEST_FILE)))
 
 
@@ -96,12 +99,11 @@ def _spelled(spec: str) -> set[str]:
     return {part for part in spec.split(os.sep) if not glob.has_magic(part)}
 
 
-def _hidden_by_wildcard(path: str, spec: str) -> bool:
-    """Whether a wildcard of the glob `spec` matched a hidden name on `path`: a file or folder
-    left out of a directory INPUT (see _directory_files), such as the attempt files under a
-    Spark job's `_temporary/` folder that 'data/**/*.parquet' matches. A name the glob spells
-    out ('data/_staging/*.parquet') is meant."""
-    spelled = _spelled(spec)
+def _hidden_by_wildcard(path: str, spelled: set[str]) -> bool:
+    """Whether a wildcard of a glob matched a hidden name on `path`: a file or folder left out
+    of a directory INPUT (see _directory_files), such as the attempt files under a Spark job's
+    `_temporary/` folder that 'data/**/*.parquet' matches. A name the glob spells out (in
+    `spelled`: 'data/_staging/*.parquet') is meant."""
     *folders, name = path.split(os.sep)
     return ((name.startswith((".", "_")) and name not in spelled)
             or any(not _is_data_folder(f) and f not in spelled for f in folders

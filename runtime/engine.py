@@ -267,13 +267,8 @@ def _check_shared_target(target: CausalLM, hf_config: PretrainedConfig, p: Place
 
 def decode_graphs(engine: Engine, caches: dict[str, torch.Tensor]) -> DecodeGraphs:
     """The engine's CUDA graphs of decode steps (EngineConfig.cuda_graphs); ValueError where
-    they cannot run."""
+    they cannot run (the device and attention backend they need, place() checks)."""
     p = engine.placement
-    if p.device.type != "cuda":
-        raise ValueError("--cuda-graphs needs a CUDA device")
-    if p.backend != "torch":
-        raise ValueError(f"--cuda-graphs needs --attention-backend torch (this engine runs "
-                         f"{p.backend})")
     if any(w is not None for w in layer_windows(engine.hf_config, engine.max_model_len)):
         raise ValueError("--cuda-graphs does not support sliding-window attention yet")
     aux = engine.proposer.aux_layer_ids if engine.proposer is not None else ()

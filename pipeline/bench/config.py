@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.bench import markdown as md
-from pipeline.config import JobError
+from pipeline.config import JobError, check_messages_template
 from runtime.config import DEFAULT_MODEL
 
 BASELINES = ("transformers", "none")
@@ -96,8 +96,7 @@ class BenchConfig:
                            f"got {self.draft_max_batch}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise JobError(f"--num-prompts must be >= 1, got {self.num_prompts}")
-        if self.messages_column is not None and not self.chat_template:  # as generate
-            raise JobError("--messages-column needs the chat template; drop --no-chat-template")
+        check_messages_template(self.messages_column, self.chat_template)  # as generate
         if self.ceiling and (0 not in self.ks or not self.speculative_ks):
             raise JobError("--ceiling needs k = 0 (its outputs are the perfect drafts) and a "
                            f"k > 0 in --k, got --k {_listed(self.ks)}")

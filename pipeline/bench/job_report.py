@@ -270,6 +270,9 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
 
 
 _MAX_RUNS = 10
+_NOT_DRAWN = {"throughput": "no shard committed yet", "acceptance": "nothing was drafted",
+              "errors": "no shard committed yet"}
+_MAX_PENDING = 20
 
 
 def _columns_line(columns: Any) -> str:
@@ -282,9 +285,6 @@ def _columns_line(columns: Any) -> str:
     wrote = f"`{prefix}completion`, ... (`--output-prefix {prefix}`)" if prefix else \
         "`completion`, ..."
     return f"- {read}, ids from `{columns.get('id')}`; the job's columns {wrote}"
-_NOT_DRAWN = {"throughput": "no shard committed yet", "acceptance": "nothing was drafted",
-              "errors": "no shard committed yet"}
-_MAX_PENDING = 20
 
 
 def _run(run: dict[str, Any]) -> str:
