@@ -364,7 +364,8 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
     if not with_errors:
         return ""
     reasons: collections.Counter[str] = collections.Counter()  # by message_pattern
-    seen: dict[str, set[str]] = collections.defaultdict(set)  # pattern -> its messages
+    first: dict[str, str] = {}  # pattern -> its first message
+    numbers: dict[str, list[str | None]] = {}  # pattern -> its numbers, None where they differ
     unread = []
     for shard in with_errors:
         path = os.path.join(directory, part_name(shard))
@@ -380,16 +381,20 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
             if error is not None:
                 pattern = message_pattern(error)
                 reasons[pattern] += 1
-                if len(seen[pattern]) < 2:
-                    seen[pattern].add(error)
+                found = _NUMBER.findall(error)
+                first.setdefault(pattern, error)
+                known = numbers.setdefault(pattern, list(found))
+                for i, (was, now) in enumerate(zip(known, found, strict=True)):
+                    if was != now:
+                        known[i] = None
     parts = ["## Error rows by message"]
     if reasons:
         top = reasons.most_common(_MAX_REASONS)
-        # a pattern that stands for one message shows it; one of several shows N for numbers
-        shown = [(p if len(seen[p]) > 1 else next(iter(seen[p])), n) for p, n in top]
+        # N only for the numbers that differ between a pattern's messages
+        shown = [(_numbers_that_differ(first[p], numbers[p]), n) for p, n in top]
         parts.append(md.table(["error rows", "error"],
                               [[f"{n:,}", "`" + _one_line(e) + "`"] for e, n in shown]))
-        if any(len(seen[p]) > 1 for p, _ in top):
+        if any(None in numbers[p] for p, _ in top):
             parts.append("(N: a number; messages that differ only in their numbers are counted "
                          "together)")
         if len(reasons) > len(top):
@@ -409,6 +414,13 @@ def message_pattern(error: str) -> str:
     them (a prompt's token count, a row index) are counted together. Example: 'prompt has 91
     tokens; the model's context is 64' -> 'prompt has N tokens; the model's context is N'."""
     return _NUMBER.sub("N", error)
+
+
+def _numbers_that_differ(message: str, numbers: list[str | None]) -> str:
+    """`message` with N for each number where its pattern's messages differ (numbers: None
+    there): 'prompt has N tokens; the model's context is 64' for prompts of many lengths."""
+    found = iter(numbers)
+    return _NUMBER.sub(lambda m: next(found) or "N", message)
 
 
 def _one_line(text: str, limit: int = 160) -> str:

@@ -289,7 +289,18 @@ def test_error_messages_that_differ_only_in_numbers_are_counted_together(
     report = _error_reasons(str(tmp_path), {0: Counts(rows=5, errors=4)})
     assert report == (
         "## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n"
-        "| 2 | `prompt has N tokens; the model's context is N` |\n"
+        "| 2 | `prompt has N tokens; the model's context is 64` |\n"  # 64 on both
         "| 1 | `prompt is empty` |\n"
         "| 1 | `stop string 2 is not valid UTF-8` |\n\n"  # alone: as written
         "(N: a number; messages that differ only in their numbers are counted together)")
+
+
+def test_error_messages_keep_a_letter_n_and_numbers_that_do_not_differ(tmp_path: Path) -> None:
+    """N stands only for numbers that differ within a group: a message's own capital N and the
+    numbers its rows share stay as written."""
+    write_parquet(tmp_path / "part-00000.parquet",
+                  {"error": ["row 3: Not a number: NaN in 2 of 7",
+                             "row 12: Not a number: NaN in 2 of 9",
+                             "row 3: Not a number: NaN in 2 of 7"]})
+    report = _error_reasons(str(tmp_path), {0: Counts(rows=3, errors=3)})
+    assert "| 3 | `row N: Not a number: NaN in 2 of N` |" in report
