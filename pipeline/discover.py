@@ -81,7 +81,7 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
 
 
 _NOT_DATA = ("a file or folder named '_x' or '.x', such as Spark's _temporary, or a job's "
-             "stats.parquet beside its manifest.json")
+             "stats.parquet beside its part files")
 
 
 def _not_data(path: str, spelled: set[str]) -> bool:
@@ -91,7 +91,7 @@ def _not_data(path: str, spelled: set[str]) -> bool:
     name = os.path.basename(path)
     return _hidden_by_wildcard(path, spelled) or (
         name == STATS_FILE and name not in spelled
-        and os.path.isfile(os.path.join(os.path.dirname(path), MANIFEST_FILE)))
+        and _is_job_output(os.listdir(os.path.dirname(path) or ".")))
 
 
 def _spelled(spec: str) -> set[str]:
@@ -112,8 +112,12 @@ def _hidden_by_wildcard(path: str, spelled: set[str]) -> bool:
 
 def _is_job_output(names: list[str]) -> bool:
     """Whether a folder of these file names is a job's OUTPUT_DIR: its manifest beside part
-    files or stats.parquet (the job writes both before its first shard)."""
-    return MANIFEST_FILE in names and any(is_part_name(n) or n == STATS_FILE for n in names)
+    files or stats.parquet (the job writes both before its first shard); or, finished, its
+    _SUCCESS beside both, where the manifest was deleted (Spark writes _SUCCESS beside part
+    files named part-00000-<uuid>...parquet, and no stats.parquet)."""
+    if MANIFEST_FILE in names:
+        return any(is_part_name(n) or n == STATS_FILE for n in names)
+    return SUCCESS_FILE in names and STATS_FILE in names and any(map(is_part_name, names))
 
 
 def _directory_files(directory: str) -> list[Found]:

@@ -3,6 +3,7 @@ answers): --output-prefix names its own columns apart from the ones it reads."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -100,6 +101,16 @@ def test_reading_other_jobs_outputs_is_refused_where_rows_would_be_lost_or_misna
             "are not null (rename them to apply the options to every row)\n") in stderr
     assert read_parts(tmp_path / "answers").column("answer_completion_tokens").to_pylist() == [
         2, 3]
+    # a finished job's folder whose manifest was deleted is still known by its files: its
+    # stats.parquet is not read as rows (it failed on that file's schema)
+    bare = tmp_path / "bare"
+    shutil.copytree(first, bare)
+    (bare / "manifest.json").unlink()
+    code, stderr = _generate(str(bare), str(tmp_path / "from_bare"), *model, *answer)
+    assert code == 0, stderr
+    assert read_parts(tmp_path / "from_bare") == read_parts(tmp_path / "answers")
+    code, stderr = _generate(f"{bare}/*.parquet", str(tmp_path / "bare_glob"), *model, *answer)
+    assert code == 0 and f"such as {bare / 'stats.parquet'}" in stderr
     # a job that has not finished: its unfinished shards' rows would be missing
     (first / "_SUCCESS").unlink()
     code, stderr = _generate(str(first), str(tmp_path / "early"), *model, *answer)

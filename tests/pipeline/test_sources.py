@@ -207,7 +207,7 @@ def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
     assert capsys.readouterr().err == (
         f"note: input {data}/**/*.parquet: left out 2 file(s) the glob's wildcards matched "
         f"that are not data, such as {data}/_meta.parquet (a file or folder named '_x' or '.x', "
-        f"such as Spark's _temporary, or a job's stats.parquet beside its manifest.json; spell "
+        f"such as Spark's _temporary, or a job's stats.parquet beside its part files; spell "
         f"the name out in the glob to read it)\n")
     # a name the glob spells out is meant, in INPUT's own path too
     assert resolve_input(f"{data}/_temporary/*/_temporary/*/*.parquet") == [
@@ -220,7 +220,7 @@ def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
         f"input {data}/*/0/*/*/*.parquet: the glob matches only files that are not data "
         f"({data}/_temporary/0/_temporary/attempt_1/part-2.parquet: a file or folder named '_x' "
         f"or '.x', such as Spark's _temporary, or a job's stats.parquet beside its "
-        f"manifest.json); spell the name out in the glob to read it")
+        f"part files); spell the name out in the glob to read it")
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
