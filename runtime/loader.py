@@ -186,12 +186,26 @@ def read_bin_shard(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _weight_files(model_dir: Path, single: str, pattern: str) -> list[Path]:
-    """Shards named by `<single>.index.json` when present, else every file matching `pattern`."""
+    """Shards named by `<single>.index.json` when present, else every file matching `pattern`.
+    An index that is not JSON or has no weight_map of tensor names to file names, and a match
+    that is not a file (a folder named model.safetensors), raise ValueError naming them."""
     index = model_dir / f"{single}.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (OSError, ValueError, AttributeError) as exc:  # AttributeError: not an object
+            reason = "not a JSON object" if isinstance(exc, AttributeError) else str(exc)
+            raise ValueError(f"{index}: cannot read it as a shard index ({reason})") from None
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise ValueError(f"{index}: no weight_map (an object naming each tensor's file)")
         return [model_dir / name for name in sorted(set(weight_map.values()))]
-    return sorted(model_dir.glob(pattern))
+    found = sorted(model_dir.glob(pattern))
+    for path in found:
+        if not path.is_file():
+            raise ValueError(f"{path}: not a file (weights are read from the files named "
+                             f"{pattern} in {model_dir})")
+    return found
 
 
 _MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header

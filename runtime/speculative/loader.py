@@ -23,6 +23,7 @@ instead of fc out) is honoured whatever the layout.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -61,15 +62,18 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
         raise FileNotFoundError(f"drafter {path}: no config.json (expected an EAGLE checkpoint "
                                 "directory with config.json and model.safetensors)")
     raw = read_drafter_config(path)
+    # every public layout's vocab_size is the target's; LlamaConfig's default (32000) is not
+    raw.setdefault("vocab_size", target_config.vocab_size)
     tensors = _read_tensors(path)
     if raw.get("speculators_model_type") == "eagle":
         tensors = _from_speculators_eagle(tensors)
+    _check_dtypes(tensors, path)
     style = _style(tensors, target_config, path)
     if "d2t" not in tensors and "t2d" in tensors:
         tensors["d2t"] = _d2t_from_t2d(tensors, target_config.vocab_size, path)
     _check_vocab(raw, tensors, style, target_config, path)
     state = _rename(tensors, style)
-    in_weights = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+    in_weights = _layer_count(state)
     # the speculators layout's layer config may be the verifier's whole config; a config without
     # num_hidden_layers would get LlamaConfig's default (32)
     layers = {"num_hidden_layers": in_weights} if (
@@ -78,6 +82,26 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
     check_fit(config, state, style, target_config, path)
     aux = _aux_layer_ids(raw, style, target_config.num_hidden_layers, path)
     return DrafterCheckpoint(config, style, state, aux)
+
+
+def _check_dtypes(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Weights are floating point, d2t integers, t2d flags or integers: a tensor of another
+    dtype (an int8 weight without its scales, a float or bool d2t) would be cast without a
+    word and draft nonsense."""
+    for key, value in tensors.items():
+        if key == "d2t":
+            ok = not value.is_floating_point() and value.dtype != torch.bool
+            expected = "integers (target id = draft id + d2t[draft id])"
+        elif key == "t2d":
+            ok = not value.is_floating_point()
+            expected = "booleans or integers (which target ids are draft tokens)"
+        else:
+            ok = value.is_floating_point()
+            expected = "floating point (quantized checkpoints are not supported)"
+        if not ok:
+            raise DrafterMismatchError(f"drafter {path}: {key} has dtype "
+                                       f"{str(value.dtype).removeprefix('torch.')}; expected "
+                                       f"{expected}")
 
 
 def _check_vocab(raw: dict, tensors: dict[str, torch.Tensor], style: str,
@@ -98,6 +122,10 @@ def _check_vocab(raw: dict, tensors: dict[str, torch.Tensor], style: str,
                                    f"but the target's vocabulary has {target.vocab_size}: a "
                                    "drafter made for another model")
     head = tensors.get("lm_head.weight")
+    if head is not None and head.dim() != 2:
+        raise DrafterMismatchError(f"drafter {path}: lm_head.weight has shape "
+                                   f"{tuple(head.shape)}; expected [draft vocabulary, hidden "
+                                   "size]")
     declared = raw.get("draft_vocab_size")
     if head is not None and isinstance(declared, int) and declared != head.shape[0]:
         raise DrafterMismatchError(f"drafter {where}: draft_vocab_size is {declared} but "
@@ -187,24 +215,31 @@ def read_drafter_config(path: Path) -> dict:
 
 
 def drafter_num_layers(path: Path) -> int:
-    """The drafter's decoder layer count, from its weights' names where they are safetensors
-    (without reading the tensors), else from config.json."""
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        return int(read_drafter_config(path).get("num_hidden_layers", 1))
-    layers: set[str] = set()
+    """The drafter's decoder layer count, from its weights' names as the loader counts them
+    (safetensors: from the headers, without reading the tensors; pytorch_model*.bin: loaded)."""
+    files = weight_files(path)
+    if not files or files[0].suffix != ".safetensors":
+        return _layer_count(_read_tensors(path))
+    keys: list[str] = []
     for f in files:
         try:
             opened = safe_open(str(f), "pt")
         except SafetensorError as exc:
             raise _unreadable(path, f, exc) from None
         with opened as handle:
-            for key in handle.keys():
-                key = key.removeprefix("model.")
-                if key.startswith(("midlayer.", "transformer.")):
-                    layers.add("0")
-                elif key.startswith("layers."):
-                    layers.add(key.split(".")[1])
+            keys += handle.keys()
+    return _layer_count(k.removeprefix("model.") for k in keys)
+
+
+def _layer_count(keys: Iterable[str]) -> int:
+    """How many decoder layers a checkpoint's tensor names (without "model.") hold: layers.N.*,
+    or one as midlayer.* (SGLang) or transformer.* (speculators' EAGLE-1)."""
+    layers: set[str] = set()
+    for key in keys:
+        if key.startswith(("midlayer.", "transformer.")):
+            layers.add("0")
+        elif key.startswith("layers."):
+            layers.add(key.split(".")[1])
     return len(layers)
 
 
@@ -249,6 +284,10 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 def _style(tensors: dict[str, torch.Tensor], target: PretrainedConfig, path: Path) -> str:
     if "fc.weight" not in tensors:
         raise DrafterMismatchError(f"drafter {path}: no fc.weight; not an EAGLE checkpoint")
+    if tensors["fc.weight"].dim() != 2:
+        raise DrafterMismatchError(f"drafter {path}: fc.weight has shape "
+                                   f"{tuple(tensors['fc.weight'].shape)}; expected [H, 2H] "
+                                   "(EAGLE-1) or [H, 3H] (EAGLE-3)")
     out_size, in_size = tensors["fc.weight"].shape
     if in_size in (2 * out_size, 3 * out_size):
         return "eagle3" if in_size == 3 * out_size else "eagle1"
@@ -359,13 +398,21 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
 def _aux_layer_ids(raw: dict, style: str, num_layers: int, path: Path) -> tuple[int, ...]:
     if style != "eagle3":
         return ()
+    nested = raw.get("eagle_config")
     ids = raw.get("eagle_aux_hidden_state_layer_ids") or (
-        raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        nested.get("eagle_aux_hidden_state_layer_ids") if isinstance(nested, dict) else None)
     where = "eagle_aux_hidden_state_layer_ids" if ids else (
         "the default (2, L/2, L-3) for a config without eagle_aux_hidden_state_layer_ids")
+    if ids and not isinstance(ids, list):
+        raise DrafterMismatchError(f"drafter {path / 'config.json'}: "
+                                   f"eagle_aux_hidden_state_layer_ids is {ids!r}; expected a "
+                                   "list of three target layer indices, such as [2, 16, 29]")
     ids = tuple(ids) if ids else default_aux_layer_ids(num_layers)
-    if len(ids) != 3 or any(not isinstance(i, int) or not 0 <= i < num_layers for i in ids):
+    if len(ids) != 3 or any(not isinstance(i, int) or isinstance(i, bool)
+                            or not 0 <= i < num_layers for i in ids):
         raise DrafterMismatchError(f"drafter {path}: EAGLE-3 aux layer ids {ids} ({where}) do "
                                    f"not fit a target with {num_layers} layers (need three ids "
                                    f"in 0..{num_layers - 1})")
-    return ids
+    # the target's streams are taken in layer order, whatever order the config lists them in
+    # (as vLLM and SGLang collect them: the fc's input columns follow the layers)
+    return tuple(sorted(ids))

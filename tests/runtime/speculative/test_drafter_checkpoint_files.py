@@ -19,7 +19,11 @@ from runtime.config import EngineConfig
 from runtime.engine import Engine
 from runtime.loader import load_state_dict
 from runtime.request import Completion
-from runtime.speculative.loader import DrafterMismatchError, load_drafter_checkpoint
+from runtime.speculative.loader import (
+    DrafterMismatchError,
+    drafter_num_layers,
+    load_drafter_checkpoint,
+)
 from tests.drafter_fixtures import generate_greedy, make_random_drafter
 from tests.fixtures import make_tiny_checkpoint
 
@@ -239,3 +243,68 @@ def test_layouts_that_load_and_stay_lossless(tiny_model_dir: Path, tmp_path: Pat
     out = generate(tiny_model_dir, headless)
     assert tokens(out) == reference
     assert sum(c.num_drafted for c in out.values()) > 0
+
+
+def test_damaged_indexes_shapes_and_dtypes_are_named(tiny_model_dir: Path,
+                                                     tmp_path: Path) -> None:
+    """Found by a reviewer with unseen checkpoints: a malformed shard index gave a KeyError
+    traceback, a 1-D fc.weight 'not enough values to unpack', and tensors of the wrong dtype
+    (a float or bool d2t, an int weight) were cast without a word."""
+    target = AutoConfig.from_pretrained(tiny_model_dir)
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=1)
+    index = drafter / "model.safetensors.index.json"
+    for text, reason in (('{"metadata": {}}', "no weight_map"),
+                         ("[]", "cannot read it as a shard index (not a JSON object)"),
+                         ("{oops", "cannot read it as a shard index (Expecting property name")):
+        index.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(f"{index}: {reason}")):
+            load_drafter_checkpoint(drafter, target)
+    index.unlink()
+
+    folder = make_random_drafter(tiny_model_dir, tmp_path / "folder", num_layers=1)
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").mkdir()
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'model.safetensors'}: not a "
+                                                   "file")):
+        load_drafter_checkpoint(folder, target)
+
+    weights = load_file(str(drafter / "model.safetensors"))
+    for key, value, message in (
+            ("fc.weight", torch.zeros(64), "fc.weight has shape (64,); expected [H, 2H]"),
+            ("fc.weight", torch.zeros(64, 128, dtype=torch.int32),
+             "fc.weight has dtype int32; expected floating point"),
+            ("lm_head.weight", torch.zeros(4096), "lm_head.weight has shape (4096,); expected "
+                                                  "[draft vocabulary, hidden size]"),
+            ("d2t", torch.zeros(256), "d2t has dtype float32; expected integers"),
+            ("d2t", torch.zeros(256, dtype=torch.bool), "d2t has dtype bool; expected integers")):
+        save_file(weights | {key: value}, str(drafter / "model.safetensors"))
+        with pytest.raises(DrafterMismatchError, match=re.escape(f"drafter {drafter}: {message}")):
+            load_drafter_checkpoint(drafter, target)
+
+
+def test_configs_the_public_layouts_leave_out_or_spell_otherwise(tiny_model_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """A config without vocab_size was refused with LlamaConfig's 32000; aux layer ids as a
+    string were shown split into characters; ids listed out of order fed the target's streams
+    in that order, where vLLM and SGLang take them in layer order; and bench counted a .bin
+    drafter's layers from its config (1 without num_hidden_layers, a TypeError with null)."""
+    target = AutoConfig.from_pretrained(tiny_model_dir)  # 2 layers
+    eagle1 = make_random_drafter(tiny_model_dir, tmp_path / "e1", num_layers=2)
+    _edit_config(eagle1, vocab_size=None)
+    assert load_drafter_checkpoint(eagle1, target).config.vocab_size == 256
+    as_bin(eagle1)
+    for layers in (None, 1):
+        _edit_config(eagle1, num_hidden_layers=layers)
+        assert drafter_num_layers(eagle1) == 2
+    (eagle1 / "config.json").write_text(json.dumps(
+        json.loads((eagle1 / "config.json").read_text()) | {"num_hidden_layers": None}))
+    assert drafter_num_layers(eagle1) == 2
+
+    eagle3 = make_random_drafter(tiny_model_dir, tmp_path / "e3", num_layers=1, style="eagle3",
+                                 draft_vocab_size=50, aux_layer_ids=(1, 0, 1))
+    assert load_drafter_checkpoint(eagle3, target).aux_layer_ids == (0, 1, 1)
+    _edit_config(eagle3, eagle_aux_hidden_state_layer_ids="0,1,1")
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {eagle3 / 'config.json'}: eagle_aux_hidden_state_layer_ids is '0,1,1'; "
+            "expected a list of three target layer indices")):
+        load_drafter_checkpoint(eagle3, target)
