@@ -25,6 +25,7 @@ from pipeline.manifest import (
     LOCK_FILE,
     SUCCESS_FILE,
     Manifest,
+    ManifestWriter,
     check_resumable,
     clear_outputs,
     drop_unusable_parts,
@@ -137,15 +138,15 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
                        sum(s.num_rows for s in plan.shards if s.shard_id in manifest.shards),
                        enabled=progress)
         start = time.monotonic()
+        writer = ManifestWriter(manifest, config.output_dir)
         try:
             with _stop_on_signals(config.overwrite) as stop:
                 hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
                 for shard_id, counts in run_shards(pending, hooks):
-                    manifest.commit(shard_id, counts, config.output_dir)
-                    manifest.save(config.output_dir)
-                    write_stats(config.output_dir, manifest.shards, manifest.committed_at)
+                    writer.commit(shard_id, counts)
         finally:
             bar.close()
+            writer.flush()  # on an interrupt or error too: the shards committed so far
         elapsed = time.monotonic() - start
     if manifest.complete:
         write_bytes_atomically(os.path.join(config.output_dir, SUCCESS_FILE), b"")

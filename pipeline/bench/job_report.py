@@ -406,7 +406,9 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
 
 
 _MAX_REASONS = 10
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# a number, with its minus sign where one stands before it as a sign ('got -0.1', not the dash
+# of 'rows 10-19')
+_NUMBER = re.compile(r"(?:(?<![\w.])-)?\d+(?:\.\d+)?")
 
 
 def message_pattern(error: str) -> str:

@@ -12,6 +12,7 @@ from matplotlib.image import imread
 
 from jobs.cli import main
 from pipeline.bench.job_report import PLOTS, _error_reasons, _shards
+from pipeline.bench.plots import _label_step
 from pipeline.manifest import Manifest
 from pipeline.stats import Counts, write_stats
 from runtime.config import DEFAULT_MODEL
@@ -304,3 +305,19 @@ def test_error_messages_keep_a_letter_n_and_numbers_that_do_not_differ(tmp_path:
                              "row 3: Not a number: NaN in 2 of 7"]})
     report = _error_reasons(str(tmp_path), {0: Counts(rows=3, errors=3)})
     assert "| 3 | `row N: Not a number: NaN in 2 of N` |" in report
+
+
+def test_error_messages_with_negative_numbers_are_counted_with_the_others(
+        tmp_path: Path) -> None:
+    """-0.1 and 1.5 made two groups ('got -N', 'got N'); the dash of a range is no sign."""
+    write_parquet(tmp_path / "part-00000.parquet",
+                  {"error": ["top_p got -0.1", "top_p got 1.5", "top_p got -2",
+                             "rows 10-19 unreadable", "rows 20-29 unreadable"]})
+    report = _error_reasons(str(tmp_path), {0: Counts(rows=5, errors=5)})
+    assert "| 3 | `top_p got N` |\n| 2 | `rows N-N unreadable` |" in report
+
+
+def test_bar_plots_label_a_round_step_of_bars_that_fits() -> None:
+    """470 shards were labelled every 23rd, the labels running together ('115138161...')."""
+    assert [_label_step(n, len(str(n - 1))) for n in (5, 20, 30, 470, 3000, 100_000)] == [
+        1, 1, 2, 50, 250, 10_000]
