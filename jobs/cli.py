@@ -52,9 +52,11 @@ def main() -> None:
                    "EAGLE-3, any number of layers; the EAGLE, SGLang and speculators layouts); "
                    "'none' to decode without one; 'auto' uses the model's default drafter when "
                    "one ships (the built-in model's), else none.")
-@click.option("--num-speculative-tokens", default=2, show_default=True, type=click.IntRange(1),
-              help="Draft tokens proposed per step when a drafter is used (2 measured best for "
-                   "the shipped drafter on CPU; see its model card).")
+@click.option("--num-speculative-tokens", "--k", "num_speculative_tokens", default=2,
+              show_default=True, type=click.IntRange(1),
+              help="Draft tokens proposed per step when a drafter is used, k (2 measured best "
+                   "for the shipped drafter on CPU; see its model card). --k is the same "
+                   "option, by the name `eaglebatch bench` gives it.")
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
               type=click.FloatRange(0, 1, max_open=True),
               help="Cut a request's drafts where the drafter's probability of the drafts so far "

@@ -282,6 +282,10 @@ def test_drafter_is_lossless_and_its_acceptance_is_reported(tmp_path: Path,
         assert s["mean_acceptance_length"] >= 1.0
     manifest = json.loads((tmp_path / "spec" / "manifest.json").read_text())
     assert manifest["config"]["drafter"] == str(drafter)
+    # --k is the same option, as bench names it: the same job (a rerun of it resumes as done)
+    same = _generate(tiny_model_dir, path, tmp_path / "spec", *args, "--drafter", str(drafter),
+                     "--k", "3", "--draft-confidence", "0")
+    assert same.exit_code == 0 and "resuming: 2 of 2 shards done" in same.stderr, same.output
     assert "note: nothing was drafted" not in plain.stderr + spec.stderr
     # three requests that run side by side to the end never make a step of one: say why
     capped = _generate(tiny_model_dir, path, tmp_path / "capped", "--max-tokens", "3",
