@@ -77,20 +77,39 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
         print(f"note: input {spec}: left out {len(hidden)} file(s) the glob's wildcards matched "
               f"that are not data, such as {hidden[0]} ({_NOT_DATA}; spell the name out in the "
               f"glob to read it)", file=sys.stderr)
-    return [Found(p) for p in matches]
+    stems = [os.path.splitext(os.path.basename(p))[0] for p in matches]
+    if len(set(stems)) == len(stems):
+        return [Found(p) for p in matches]  # ids made from the file names, as always
+    # files of one name in several folders ('data/*/part-0.parquet'): ids made from their paths
+    # under the glob's fixed folders, as a directory INPUT's ('lang=en/part-0:0')
+    base = _fixed_folders(spec)
+    return [Found(p, (), os.path.splitext(os.path.relpath(p, base))[0].replace(os.sep, "/"))
+            for p in matches]
+
+
+def _fixed_folders(spec: str) -> str:
+    """The folders a glob names before its first wildcard ('data/hive' of
+    'data/hive/*/part-0.parquet'; '.' where it starts with one)."""
+    fixed = []
+    for part in spec.split(os.sep)[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return os.sep.join(fixed) or (os.sep if spec.startswith(os.sep) else ".")
 
 
 _NOT_DATA = ("a file or folder named '_x' or '.x', such as Spark's _temporary, or a job's "
-             "stats.parquet beside its part files")
+             "file other than its part files, such as its stats.parquet")
 
 
 def _not_data(path: str, spelled: set[str]) -> bool:
     """Whether a wildcard of a glob (which spells out the names `spelled`) matched a name on
-    `path` that is not data: a hidden one (_hidden_by_wildcard) or a job's stats.parquet
-    ('out/*.parquet' over a job's OUTPUT_DIR: its part files are its rows)."""
+    `path` that is not data: a hidden one (_hidden_by_wildcard) or, in a job's OUTPUT_DIR, a
+    file other than its part files ('out/*' or 'out/*.parquet': its stats.parquet,
+    manifest.json, report.md and plots; its part files are its rows)."""
     name = os.path.basename(path)
     return _hidden_by_wildcard(path, spelled) or (
-        name == STATS_FILE and name not in spelled
+        not is_part_name(name) and name not in spelled
         and _is_job_output(os.listdir(os.path.dirname(path) or ".")))
 
 

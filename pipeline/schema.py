@@ -198,8 +198,11 @@ def repeated_name(names: list[str]) -> str | None:
 def _check_column(schema: pa.Schema, path: str, column: str,
                   type_ok: Callable[[pa.DataType], bool], want: str, option: str) -> None:
     if column not in schema.names:
+        chats = [f.name for f in schema if is_messages_type(f.type)]
+        hint = (f", or give the chat column {chats[0]!r} with --messages-column"
+                if chats and option == "--prompt-column" else "")
         raise JobError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)}); "
-                       f"choose the column with {option}")
+                       f"choose the column with {option}{hint}")
     t = schema.field(column).type
     if not (type_ok(t) or pa.types.is_null(t)):  # all null: every row gets its error
         raise JobError(f"{path}: column {column!r} is {t}, expected {want} ({option})")

@@ -102,7 +102,7 @@ def check_memory(config: BenchConfig, model: PretrainedConfig, dtype: torch.dtyp
     raise JobError(f"--model {config.model} needs about {need / gib:.1f} GiB of {device.type} "
                    f"memory for its {str(dtype).removeprefix('torch.')} weights "
                    f"({'; '.join(parts)}), more than the "
-                   f"{available / gib:.1f} GiB available; try {', '.join(hints)}")
+                   f"{available / gib:.1f} GiB available; try {_either(hints)}")
 
 
 def _available_bytes(device: torch.device) -> int | None:
@@ -142,3 +142,8 @@ def _drafter(config: BenchConfig, model_dir: Path, scratch: Path,
     except (OSError, ValueError) as exc:
         raise JobError(f"--drafter {option}: {exc}") from None
     return path, option
+
+
+def _either(options: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return " or ".join([", ".join(options[:-1]), options[-1]] if len(options) > 1 else options)

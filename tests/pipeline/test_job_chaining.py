@@ -111,6 +111,12 @@ def test_reading_other_jobs_outputs_is_refused_where_rows_would_be_lost_or_misna
     assert read_parts(tmp_path / "from_bare") == read_parts(tmp_path / "answers")
     code, stderr = _generate(f"{bare}/*.parquet", str(tmp_path / "bare_glob"), *model, *answer)
     assert code == 0 and f"such as {bare / 'stats.parquet'}" in stderr
+    # a glob of every file in a job's folder reads its part files alone (it failed on
+    # manifest.json: "not a readable Parquet file")
+    code, stderr = _generate(f"{first}/*", str(tmp_path / "star"), *model, *answer)
+    assert code == 0, stderr
+    assert "left out 3 file(s) the glob's wildcards matched that are not data" in stderr
+    assert read_parts(tmp_path / "star") == read_parts(tmp_path / "answers")
     # a job that has not finished: its unfinished shards' rows would be missing
     (first / "_SUCCESS").unlink()
     code, stderr = _generate(str(first), str(tmp_path / "early"), *model, *answer)

@@ -207,8 +207,8 @@ def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
     assert capsys.readouterr().err == (
         f"note: input {data}/**/*.parquet: left out 2 file(s) the glob's wildcards matched "
         f"that are not data, such as {data}/_meta.parquet (a file or folder named '_x' or '.x', "
-        f"such as Spark's _temporary, or a job's stats.parquet beside its part files; spell "
-        f"the name out in the glob to read it)\n")
+        f"such as Spark's _temporary, or a job's file other than its part files, such as its "
+        f"stats.parquet; spell the name out in the glob to read it)\n")
     # a name the glob spells out is meant, in INPUT's own path too
     assert resolve_input(f"{data}/_temporary/*/_temporary/*/*.parquet") == [
         str(data / "_temporary/0/_temporary/attempt_1/part-2.parquet")]
@@ -219,8 +219,8 @@ def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
     assert str(raised.value) == (
         f"input {data}/*/0/*/*/*.parquet: the glob matches only files that are not data "
         f"({data}/_temporary/0/_temporary/attempt_1/part-2.parquet: a file or folder named '_x' "
-        f"or '.x', such as Spark's _temporary, or a job's stats.parquet beside its "
-        f"part files); spell the name out in the glob to read it")
+        f"or '.x', such as Spark's _temporary, or a job's file other than its part files, "
+        f"such as its stats.parquet); spell the name out in the glob to read it")
 
 
 def test_glob_and_single_file(tmp_path: Path) -> None:
@@ -359,6 +359,12 @@ def test_messages_column_type_is_accepted(tmp_path: Path) -> None:
         "id": ["a"], "msgs": [[{"role": "user", "content": "hi", "name": "x"}]]})
     _, schema, has_id = open_inputs(_config(path, messages_column="msgs"))
     assert has_id and schema.names == ["id", "msgs"]
+    # forgotten, the option is named with the column
+    with pytest.raises(JobError) as err:
+        open_inputs(_config(path))
+    assert str(err.value) == (f"{path}: no column 'prompt' (columns: id, msgs); choose the "
+                              "column with --prompt-column, or give the chat column 'msgs' "
+                              "with --messages-column")
 
 
 def test_files_with_different_schemas_are_refused(tmp_path: Path) -> None:
@@ -368,12 +374,23 @@ def test_files_with_different_schemas_are_refused(tmp_path: Path) -> None:
         open_inputs(_config(tmp_path))
 
 
-def test_generated_ids_need_distinct_file_stems(tmp_path: Path) -> None:
+def test_generated_ids_of_a_glob_over_files_of_one_name_come_from_their_paths(
+        tmp_path: Path) -> None:
+    """Files of one name in several folders were refused ('ids made from file names would
+    repeat'); their ids now start with their paths under the glob's fixed folders, as a
+    directory INPUT's do. Where the names differ, ids start with the names, as before."""
     write_parquet(tmp_path / "x" / "part.parquet", {"prompt": ["a"]})
     write_parquet(tmp_path / "y" / "part.parquet", {"prompt": ["b"]})
+    write_parquet(tmp_path / "y" / "other.parquet", {"prompt": ["c"]})
+    files = open_inputs(_config(tmp_path / "*" / "part.parquet"))[0]
+    assert [f.id_stem for f in files] == ["x/part", "y/part"]
+    files = open_inputs(_config(tmp_path / "y" / "*.parquet"))[0]
+    assert [f.id_stem for f in files] == ["other", "part"]
+    # names that differ only in their suffix still make the same ids: refused, named
+    write_parquet(tmp_path / "y" / "part.pq", {"prompt": ["d"]})
     with pytest.raises(JobError, match=r"no 'id' column, and ids made from file names would "
-                                       r"repeat: .*x/part.parquet and .*y/part.parquet"):
-        open_inputs(_config(tmp_path / "*" / "part.parquet"))
+                                       r"repeat: .*y/part.parquet and .*y/part.pq"):
+        open_inputs(_config(tmp_path / "y" / "part.*"))
 
 
 def test_duplicate_id_across_files_names_id_files_and_rows(tmp_path: Path) -> None:

@@ -166,7 +166,7 @@ def test_weights_that_cannot_fit_are_refused_before_anything_is_written() -> Non
         "--model random:llama-3-8b needs about 66.6 GiB of cpu memory for its float32 weights "
         "(engines: 36.7 GiB, the weights as CPU panels and the head's extra copies; "
         "transformers: 29.9 GiB), more than the 22.0 GiB available; try --baseline none, "
-        "--dtype bfloat16, a smaller model")
+        "--dtype bfloat16 or a smaller model")
     # bfloat16 on a GPU of 80 GiB: one engine copy + transformers' = 29.9 GiB, fits
     check_memory(config, big, torch.bfloat16, torch.device("cuda"), available=80 * GIB)
     no_baseline = BenchConfig("p.parquet", "out", model="random:llama-3-8b", baseline="none")
