@@ -32,6 +32,10 @@ def _drafter(model: str, option: str) -> str | None:
         return None
     if option == "auto":
         shipped = default_drafter(model)
+        if shipped is None and model == DEFAULT_MODEL:  # drafters/ is not in a built wheel
+            click.echo(f"note: the drafter shipped for {model} is not installed (it is read "
+                       "from the source tree: install with pip install -e .); decoding "
+                       "without one", err=True)
         return None if shipped is None else str(shipped)
     return option
 
