@@ -142,11 +142,14 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
         try:
             with _stop_on_signals(config.overwrite) as stop:
                 hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
-                for shard_id, counts in run_shards(pending, hooks):
-                    writer.commit(shard_id, counts)
+                try:
+                    for shard_id, counts in run_shards(pending, hooks):
+                        writer.commit(shard_id, counts)
+                finally:  # on an interrupt or error too, with the job's own signal handlers
+                    with stop.shielded():
+                        writer.flush()
         finally:
             bar.close()
-            writer.flush()  # on an interrupt or error too: the shards committed so far
         elapsed = time.monotonic() - start
     if manifest.complete:
         write_bytes_atomically(os.path.join(config.output_dir, SUCCESS_FILE), b"")
@@ -322,15 +325,26 @@ class _StopFlag:
     def __init__(self, overwrite: bool) -> None:
         self.signum: int | None = None
         self.overwrite = overwrite
+        self._shielded = False
 
     def check(self) -> None:
         if self.signum is not None:
             raise JobInterrupted(self.signum, self.overwrite)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:  # a second signal: stop now, wherever we are
-            raise JobInterrupted(signum, self.overwrite)
-        self.signum = signum
+        if self.signum is not None and not self._shielded:
+            raise JobInterrupted(signum, self.overwrite)  # a second signal: stop now
+        self.signum = self.signum or signum
+
+    @contextmanager
+    def shielded(self) -> Iterator[None]:
+        """No signal stops what runs inside (the last save of the manifest: a second Ctrl-C
+        there threw away its temporary file, and with it shards already written)."""
+        self._shielded = True
+        try:
+            yield
+        finally:
+            self._shielded = False
 
 
 @contextmanager

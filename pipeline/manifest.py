@@ -98,22 +98,29 @@ class ManifestWriter:
 
     def __init__(self, manifest: Manifest, output_dir: str) -> None:
         self.manifest, self.output_dir = manifest, output_dir
-        self._unsaved = False
+        self._unsaved = 0  # shards committed since the last save
         self._due = 0.0  # time.monotonic() from which a commit saves
+        self._failed = False
 
     def commit(self, shard_id: int, counts: Counts) -> None:
         self.manifest.commit(shard_id, counts, self.output_dir)
-        self._unsaved = True
+        self._unsaved += 1
         if time.monotonic() >= self._due:
             self.flush()
 
     def flush(self) -> None:
-        if not self._unsaved:
+        if not self._unsaved or self._failed:  # (once failed, the job stops with its error)
             return
         start = time.monotonic()
-        self.manifest.save(self.output_dir)
+        try:
+            self.manifest.save(self.output_dir)
+        except OSError:  # a full disk: the shards since the last save are not committed
+            self._failed = True
+            print(f"note: {self._unsaved} shard(s) written since the manifest's last save "
+                  "are not committed; a rerun generates them again", file=sys.stderr)
+            raise
         write_stats(self.output_dir, self.manifest.shards, self.manifest.committed_at)
-        self._unsaved = False
+        self._unsaved = 0
         end = time.monotonic()
         self._due = end + (end - start) * SAVE_SPACING
 

@@ -226,3 +226,26 @@ def test_commits_are_saved_at_most_as_often_as_keeps_saving_to_a_twentieth(
     assert load_manifest(str(tmp_path)).complete  # type: ignore[union-attr]
     writer.flush()  # nothing new: no save
     assert saved == [1, 39, 77, 100]
+
+
+def test_a_save_that_fails_says_which_shards_are_not_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """On a full disk the job's error said the shards committed so far are kept; those written
+    since the last save are not: the note says how many, once."""
+    monkeypatch.setattr(manifest_module, "SAVE_SPACING", 1e9)
+    m = Manifest({}, [], 10)
+    writer = ManifestWriter(m, str(tmp_path))
+    for shard in range(3):
+        (tmp_path / part_name(shard)).write_bytes(b"rows")
+        writer.commit(shard, Counts(rows=1))  # shard 0 saved; 1 and 2 wait
+
+    def full(self: Manifest, output_dir: str) -> None:
+        raise OSError(28, "No space left on device", str(tmp_path / "manifest.json"))
+    monkeypatch.setattr(Manifest, "save", full)
+    with pytest.raises(OSError, match="No space left"):
+        writer.flush()
+    writer.flush()  # the job stops with the first error: no second try, no second note
+    assert capsys.readouterr().err == ("note: 2 shard(s) written since the manifest's last save "
+                                       "are not committed; a rerun generates them again\n")
+    assert list(load_manifest(str(tmp_path)).shards) == [0]  # type: ignore[union-attr]

@@ -15,8 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline import manifest as manifest_module
 from pipeline.config import JobConfig, JobError
 from pipeline.job import JobInterrupted, run_job
+from pipeline.manifest import Manifest
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import Completion, GenerationRequest
@@ -281,6 +283,30 @@ def test_sigint_abandons_the_shard_in_flight_and_resume_completes(
                 _factory(_SignalDuringShard(again, at=1)), progress=False)  # type: ignore[arg-type]
     assert str(err.value) == ("interrupted; rerun the same command without --overwrite to "
                               "resume (with it, the job starts over)")
+
+
+def test_signals_during_the_last_save_of_the_manifest_do_not_lose_shards(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest's last save (every shard since the one before) ran after the job's signal
+    handlers were gone, and a second Ctrl-C stopped it at once: its temporary file was thrown
+    away, and shards already written were generated again on resume."""
+    _inputs(tmp_path)
+    monkeypatch.setattr(manifest_module, "SAVE_SPACING", 1e9)  # saved at shard 0, then at the end
+    save = Manifest.save
+
+    def interrupted_save(self: Manifest, output_dir: str) -> None:
+        if self.complete:  # the last save: Ctrl-C twice while it writes
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        save(self, output_dir)
+    monkeypatch.setattr(Manifest, "save", interrupted_save)
+    config = _config(tmp_path, tiny_model_dir)
+    summary = run_job(config, _factory(tiny_engine), progress=False)
+    assert summary.complete  # every shard was written: the job is done
+    out = tmp_path / "out"
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) == 5
+    assert (out / "_SUCCESS").exists() and hidden_files(out) == []
 
 
 def test_rows_the_engine_refuses_are_error_rows(tmp_path: Path, tiny_model_dir: Path) -> None:
