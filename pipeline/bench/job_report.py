@@ -266,6 +266,11 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
         more = f" and {len(pending) - _MAX_PENDING} more" if len(pending) > _MAX_PENDING else ""
         lines.append(f"- shards not committed yet: {shown}{more} (rerun the job's command to "
                      "finish them)")
+        written = sum(os.path.exists(os.path.join(directory, part_name(s))) for s in pending)
+        if written:  # the manifest's saves are spaced (pipeline.manifest.SAVE_SPACING)
+            lines.append(f"- {md.plural(written, 'part file')} of them written since the "
+                         "manifest's last save: a running job commits them at its next save, a "
+                         "stopped one's rerun generates them again")
     return "\n".join(lines)
 
 

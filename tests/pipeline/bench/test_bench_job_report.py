@@ -101,8 +101,16 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     assert (f"- 2 runs (its start and every resume): {clock[0]} (local); {clock[1]} (ray, "
             "2 workers)") in report
     assert "\n\n\n" not in report
-    assert "- shards not committed yet: 2, 3, 4 (rerun the job's command to finish them)" \
-        in report
+    assert "- shards not committed yet: 2, 3, 4 (rerun the job's command to finish them)\n\n" \
+        in report  # no part file of them on disk: nothing more to say
+    # a part file the manifest does not list yet (its saves are spaced): said
+    (job / "part-00003.parquet").write_bytes(b"")
+    assert _report(str(job), "--out", str(tmp_path / "rep"))[0] == 0
+    assert ("- shards not committed yet: 2, 3, 4 (rerun the job's command to finish them)\n"
+            "- 1 part file of them written since the manifest's last save: a running job "
+            "commits them at its next save, a stopped one's rerun generates them again\n") in (
+        tmp_path / "rep" / "report.md").read_text()
+    (job / "part-00003.parquet").unlink()
     # shards 0 and 1 generated for 4 s each, one after the other: 300 tokens in 8 s
     assert "| seconds in which any shard was generating | 8.000 |" in report
     assert "| output tokens/s | 37.5 |" in report
