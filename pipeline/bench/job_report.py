@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,6 +48,8 @@ from pipeline.manifest import (
 )
 from pipeline.stats import STATS_FILE, Counts, total
 from runtime.loader import default_drafter
+
+_Value = TypeVar("_Value")  # what time_segments carries per shard
 
 REPORT_FILE = JOB_REPORT_FILE
 PLOTS = JOB_PLOTS
@@ -168,19 +170,54 @@ def _spans(shards: dict[int, Counts], committed: dict[int, float | None]
 
 def _throughput_plot(shards: dict[int, Counts], shard_spans: dict[int, tuple[float, float]] | None,
                      runs: list[dict[str, Any]], path: Path) -> Any:
-    rates = {s: c.derived()["output_tokens_per_s"] for s, c in shards.items()}
+    """Output tokens/s per shard: a point at each shard's commit, or where a job has more than
+    _MAX_POINTS shards, the tokens/s of the shards committed in each of _BINS equal stretches
+    (1,654 points of one-row shards, those of error rows at 0, drew a solid block)."""
+    work = {s: (float(c.completion_tokens), c.wall_seconds) for s, c in shards.items()}
+    binned = len(shards) > _MAX_POINTS
+    title = (f"Output tokens/s, shards in {_BINS} stretches" if binned
+             else "Output tokens/s per shard")
     if shard_spans is None:
-        return plot_over_time([[(float(s), rates[s] or 0.0) for s in shards]], path,
-                              "Output tokens/s per shard", "shard", "output tokens/s")
-    spans = [(begun, ended, rates[s] or 0.0) for s, (begun, ended) in shard_spans.items()]
-    starts = sorted(float(r["started"]) for r in runs if isinstance(r.get("started"),
-                                                                     (int, float)))
-    origin = min(span[0] for span in spans)
-    unit, scale = time_unit(max(span[1] for span in spans) - origin)
-    broken = "; a break where the job was stopped and resumed" if len(starts) > 1 else ""
-    return plot_over_time(time_segments(spans, starts, scale), path, "Output tokens/s per shard",
-                          f"{unit} since the first shard started\n(a point at each shard's "
-                          f"commit{broken})", "output tokens/s")
+        segments = [[(float(s), work[s]) for s in shards]]
+        xlabel = "shard" + (f" ({_BINS} stretches of shards)" if binned else "")
+    else:
+        spans = [(begun, ended, work[s]) for s, (begun, ended) in shard_spans.items()]
+        starts = sorted(float(r["started"]) for r in runs if isinstance(r.get("started"),
+                                                                         (int, float)))
+        origin = min(span[0] for span in spans)
+        unit, scale = time_unit(max(span[1] for span in spans) - origin)
+        broken = "; a break where the job stopped and resumed" if len(starts) > 1 else ""
+        segments = time_segments(spans, starts, scale)
+        point = "shards committed in each stretch" if binned else "a point at each commit"
+        xlabel = f"{unit} since the first shard started\n({point}{broken})"
+    rates = binned_rates(segments, _BINS) if binned else [
+        [(x, tokens / wall if wall > 0 else 0.0) for x, (tokens, wall) in segment]
+        for segment in segments]
+    return plot_over_time(rates, path, title, xlabel, "output tokens/s")
+
+
+_MAX_POINTS = 200
+_BINS = 100
+
+
+def binned_rates(segments: list[list[tuple[float, tuple[float, float]]]], bins: int
+                 ) -> list[list[tuple[float, float]]]:
+    """Segments of (x, (tokens, seconds)) -> segments of (middle of a stretch, tokens / seconds
+    of the points in it), the x range cut into `bins` equal stretches (a stretch without points
+    has none; one whose points took no time, 0.0). Example, 2 bins over x 0..4: [[(0, (10, 1)),
+    (1, (30, 1)), (4, (5, 5))]] -> [[(1.0, 20.0), (3.0, 1.0)]]."""
+    xs = [x for segment in segments for x, _ in segment]
+    low, width = min(xs), (max(xs) - min(xs)) / bins or 1.0
+    out = []
+    for segment in segments:
+        sums: dict[int, list[float]] = {}
+        for x, (tokens, seconds) in segment:
+            total_ = sums.setdefault(min(int((x - low) / width), bins - 1), [0.0, 0.0])
+            total_[0] += tokens
+            total_[1] += seconds
+        out.append([(low + (b + 0.5) * width, t / w if w > 0 else 0.0)
+                    for b, (t, w) in sorted(sums.items())])
+    return out
 
 
 def time_unit(seconds: float) -> tuple[str, float]:
@@ -192,14 +229,14 @@ def time_unit(seconds: float) -> tuple[str, float]:
     return "hours", 3600.0
 
 
-def time_segments(spans: list[tuple[float, float, float]], run_starts: list[float],
-                  scale: float = 60.0) -> list[list[tuple[float, float]]]:
-    """(start, commit, rate) per shard -> runs of (time since the first start in `scale`
-    seconds, rate) at each commit, a new run at each of `run_starts` (when the job was started
+def time_segments(spans: list[tuple[float, float, _Value]], run_starts: list[float],
+                  scale: float = 60.0) -> list[list[tuple[float, _Value]]]:
+    """(start, commit, value) per shard -> runs of (time since the first start in `scale`
+    seconds, value) at each commit, a new run at each of `run_starts` (when the job was started
     again). Example, minutes, a resume at 850 s: shards 0-60 s, 60-120 s, then 900-960 s ->
-    [[(1, r0), (2, r1)], [(16, r2)]]."""
+    [[(1, v0), (2, v1)], [(16, v2)]]."""
     origin = min(span[0] for span in spans)
-    segments: dict[int, list[tuple[float, float]]] = {}
+    segments: dict[int, list[tuple[float, _Value]]] = {}
     for _, ended, rate in sorted(spans, key=lambda span: span[1]):
         run = bisect.bisect_right(run_starts, ended)
         segments.setdefault(run, []).append(((ended - origin) / scale, rate))

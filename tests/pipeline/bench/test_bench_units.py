@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -355,3 +356,27 @@ def test_the_header_states_the_settings_that_change_the_figures() -> None:
            "requests_per_s": 1.0, "peak_rss_bytes": 1 << 30, "peak_gpu_bytes": None}
     table = _throughput(summarize([row]))
     assert "| 2.00 | 2.00 | 2.50 | 0.0031 | 0.0049 |" in table
+
+
+def test_a_job_of_many_shards_plots_its_tokens_per_s_in_stretches(tmp_path: Path) -> None:
+    """1,654 one-row shards drew 1,654 points (those of error rows at 0): a solid block. Above
+    200 shards the plot shows the tokens/s of the shards committed in each of 100 stretches."""
+    from pipeline.bench.job_report import _throughput_plot, binned_rates  # noqa: PLC0415
+    from pipeline.stats import Counts  # noqa: PLC0415
+
+    assert binned_rates([[(0.0, (10.0, 1.0)), (1.0, (30.0, 1.0)), (4.0, (5.0, 5.0))]], 2) == [
+        [(1.0, 20.0), (3.0, 1.0)]]
+    assert binned_rates([[(0.0, (0.0, 0.0))], [(8.0, (8.0, 2.0))]], 4) == [
+        [(1.0, 0.0)], [(7.0, 4.0)]]  # two runs stay apart; an error-only stretch reads 0
+    # 400 shards of 1 s each, one after the other; every other one only error rows (no tokens,
+    # no time): each stretch of 2 s holds 2 shards of 10 tokens in 1 s each -> 10 tokens/s
+    shards, spans = {}, {}
+    for s in range(400):
+        errors = s % 2 == 1
+        shards[s] = Counts(rows=1, errors=int(errors), completion_tokens=0 if errors else 10,
+                           wall_seconds=0.0 if errors else 1.0)
+        spans[s] = (float(s // 2), float(s // 2) + (0.0 if errors else 1.0))
+    drawn = _throughput_plot(shards, spans, [{"started": -1.0}], tmp_path / "t.png")
+    points = drawn["output tokens/s"]
+    assert len(points) == 100 and {rate for _, rate in points} == {10.0}
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
