@@ -2,17 +2,22 @@
 Hive partition folders such as lang=en/part-0.parquet), or a glob. Also the names a job writes
 in its OUTPUT_DIR, which are never input.
 
-Only names and folders are looked at here; pipeline.sources reads the files' footers.
+Names and folders are looked at here, and whether a folder is a job's OUTPUT_DIR (its
+manifest.json, or its stats.parquet's columns); pipeline.sources reads the files' footers.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import sys
 import urllib.parse
 from typing import NamedTuple, NoReturn
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.config import JobError
 from pipeline.stats import STATS_FILE
@@ -58,10 +63,13 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     found = glob.glob(spec, recursive=True)
     files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     spelled = _spelled(spec)
+    folders = {os.path.dirname(p) for p in files}
+    job_folders = {f for f in folders if _is_job_output(f, os.listdir(f or "."))}
     hidden: list[str] = []  # matched, but not data
-    matches: list[str] = []
+    data: list[str] = []
     for path in files:
-        (hidden if _not_data(path, spelled) else matches).append(path)
+        (hidden if _not_data(path, spelled, job_folders) else data).append(path)
+    matches = _one_path_per_file(spec, data)
     if not matches:
         if hidden:
             raise JobError(f"input {spec}: the glob matches only files that are not data "
@@ -87,6 +95,24 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
             for p in matches]
 
 
+def _one_path_per_file(spec: str, paths: list[str]) -> list[str]:
+    """`paths` (sorted) with each file once, by its shortest path: a '**' glob follows symlinked
+    folders, a loop back up too, and matched one file 41 times (each with ids of its own)."""
+    shortest: dict[str, str] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real not in shortest or (path.count(os.sep), path) < (
+                shortest[real].count(os.sep), shortest[real]):
+            shortest[real] = path
+    kept = set(shortest.values())
+    if dropped := [p for p in paths if p not in kept]:
+        same = shortest[os.path.realpath(dropped[0])]
+        print(f"note: input {spec}: left out {len(dropped)} match(es) of files the glob matched "
+              f"by another path too, such as {dropped[0]} (the same file as {same})",
+              file=sys.stderr)
+    return [p for p in paths if p in kept]
+
+
 def _fixed_folders(spec: str) -> str:
     """The folders a glob names before its first wildcard ('data/hive' of
     'data/hive/*/part-0.parquet'; '.' where it starts with one)."""
@@ -102,7 +128,7 @@ _NOT_DATA = ("a file or folder named '_x' or '.x', such as Spark's _temporary, o
              "file other than its part files, such as its stats.parquet")
 
 
-def _not_data(path: str, spelled: set[str]) -> bool:
+def _not_data(path: str, spelled: set[str], job_folders: set[str]) -> bool:
     """Whether a wildcard of a glob (which spells out the names `spelled`) matched a name on
     `path` that is not data: a hidden one (_hidden_by_wildcard) or, in a job's OUTPUT_DIR, a
     file other than its part files ('out/*' or 'out/*.parquet': its stats.parquet,
@@ -110,7 +136,7 @@ def _not_data(path: str, spelled: set[str]) -> bool:
     name = os.path.basename(path)
     return _hidden_by_wildcard(path, spelled) or (
         not is_part_name(name) and name not in spelled
-        and _is_job_output(os.listdir(os.path.dirname(path) or ".")))
+        and os.path.dirname(path) in job_folders)
 
 
 def _spelled(spec: str) -> set[str]:
@@ -129,14 +155,38 @@ def _hidden_by_wildcard(path: str, spelled: set[str]) -> bool:
                    if f not in ("", ".", "..")))
 
 
-def _is_job_output(names: list[str]) -> bool:
-    """Whether a folder of these file names is a job's OUTPUT_DIR: its manifest beside part
-    files or stats.parquet (the job writes both before its first shard); or, finished, its
-    _SUCCESS beside both, where the manifest was deleted (Spark writes _SUCCESS beside part
-    files named part-00000-<uuid>...parquet, and no stats.parquet)."""
+def _is_job_output(folder: str, names: list[str]) -> bool:
+    """Whether `folder`, holding files of these names, is a job's OUTPUT_DIR: its manifest
+    beside part files or stats.parquet (the job writes both before its first shard); or,
+    finished, its _SUCCESS beside both, where the manifest was deleted (Spark writes _SUCCESS
+    beside part files named part-00000-<uuid>...parquet, and no stats.parquet). The names are
+    not enough: a user's folder may hold a manifest.json and a stats.parquet of its own, so
+    the manifest must not be JSON of another kind, and a stats.parquet alone must have a job's
+    columns."""
     if MANIFEST_FILE in names:
-        return any(is_part_name(n) or n == STATS_FILE for n in names)
-    return SUCCESS_FILE in names and STATS_FILE in names and any(map(is_part_name, names))
+        return (any(is_part_name(n) or n == STATS_FILE for n in names)
+                and _our_manifest(os.path.join(folder, MANIFEST_FILE)))
+    return (SUCCESS_FILE in names and STATS_FILE in names and any(map(is_part_name, names))
+            and _our_stats(os.path.join(folder, STATS_FILE)))
+
+
+def _our_manifest(path: str) -> bool:
+    """Whether it is a job's: an object with its config and shard count, or a file that is
+    not JSON at all (a damaged one is still the job's; resuming it names the damage)."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return True
+    return isinstance(data, dict) and {"config", "num_shards"} <= data.keys()
+
+
+def _our_stats(path: str) -> bool:
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowInvalid):
+        return False
+    return {"shard_id", "committed_at", "output_tokens_per_s"} <= set(names)
 
 
 def _directory_files(directory: str) -> list[Found]:
@@ -154,7 +204,7 @@ def _directory_files(directory: str) -> list[Found]:
     above = {directory: {os.path.realpath(directory)}}  # per folder walked: it and its parents
     for root, dirs, files in os.walk(directory, onerror=_unlistable, followlinks=True):
         rel = os.path.relpath(root, directory)
-        job_output = _is_job_output(files)
+        job_output = _is_job_output(root, files)
         if job_output and rel != ".":  # another job's outputs: not input, nor what is below
             dirs[:] = []
             continue

@@ -320,6 +320,11 @@ def _input_change(old: list[dict[str, Any]], new: list[dict[str, Any]]
             was, now = (_partition_text(x.get("partitions")) for x in (before, f))
             return (f"{path} was read with {was}, now with {now} (a directory INPUT reads "
                     f"partition folders' values, a glob does not)"), []
+        if before.get("ids") != f.get("ids"):  # a glob over files of one name, spelled again
+            was, now = (repr(x["ids"]) if x.get("ids") else "its file name"
+                        for x in (before, f))
+            return (f"{path}: ids made for its rows would start with {now}, not {was} (the "
+                    f"glob is spelled otherwise: give it as before)"), []
         footers = before.get("footer"), f.get("footer")  # manifests before 2026-12-06: none
         if all(footers) and footers[0] != footers[1]:
             return (f"{path} was rewritten (the same size, other row groups or column "

@@ -66,6 +66,8 @@ class InputFile:
                                    "mtime_ns": self.mtime_ns, "footer": self.footer}
         if self.partitions:
             fields["partitions"] = [list(pair) for pair in self.partitions]
+        elif self.id_prefix:  # a glob's files of one name: ids from its spelling of the path
+            fields["ids"] = self.id_prefix
         return fields
 
     def row_groups(self) -> Iterator[tuple[int, int, int]]:

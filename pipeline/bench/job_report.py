@@ -426,7 +426,7 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
                 found = _NUMBER.findall(error)
                 first.setdefault(pattern, error)
                 known = numbers.setdefault(pattern, list(found))
-                for i, (was, now) in enumerate(zip(known, found, strict=True)):
+                for i, (was, now) in enumerate(zip(known, found, strict=True)):  # same count
                     if was != now:
                         known[i] = None
     parts = ["## Error rows by message"]
@@ -449,15 +449,16 @@ def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
 
 _MAX_REASONS = 10
 # a number, with its minus sign where one stands before it as a sign ('got -0.1', not the dash
-# of 'rows 10-19')
-_NUMBER = re.compile(r"(?:(?<![\w.])-)?\d+(?:\.\d+)?")
+# of 'rows 10-19') and its exponent ('3e-05')
+_NUMBER = re.compile(r"(?:(?<![\w.])-)?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 def message_pattern(error: str) -> str:
-    """An error message with its numbers as N, so that the rows' messages that differ only in
-    them (a prompt's token count, a row index) are counted together. Example: 'prompt has 91
-    tokens; the model's context is 64' -> 'prompt has N tokens; the model's context is N'."""
-    return _NUMBER.sub("N", error)
+    """An error message with its numbers replaced by a NUL, so that the rows' messages that
+    differ only in them (a prompt's token count, a row index) are counted together. Example:
+    'prompt has 91 tokens' -> 'prompt has \\0 tokens'. (A letter N would be taken for a number
+    that a message writes as N: 'role (N)' and 'role (5)' were one pattern of 1 and 2 numbers.)"""
+    return _NUMBER.sub("\0", error)
 
 
 def _numbers_that_differ(message: str, numbers: list[str | None]) -> str:

@@ -18,7 +18,7 @@ from pipeline.job import run_job
 from pipeline.sources import open_inputs, plan_inputs, plan_shards, scan_inputs
 from runtime.config import EngineConfig
 from runtime.engine import Engine
-from tests.pipeline.helpers import corrupt_page, write_parquet
+from tests.pipeline.helpers import corrupt_page, read_parts, write_parquet
 
 
 def resolve_input(spec: str, output_dir: str | None = None) -> list[str]:
@@ -367,6 +367,21 @@ def test_messages_column_type_is_accepted(tmp_path: Path) -> None:
                               "with --messages-column")
 
 
+def test_a_users_folder_with_a_manifest_and_stats_of_its_own_is_read(tmp_path: Path) -> None:
+    """A folder holding a manifest.json that is not a job's, or a stats.parquet without a job's
+    columns beside _SUCCESS and part-NNNNN files, was taken for a job's OUTPUT_DIR: a glob left
+    its files out, a directory INPUT was refused as an unfinished job."""
+    write_parquet(tmp_path / "a" / "part-00000.parquet", _prompts(1))
+    write_parquet(tmp_path / "a" / "stats.parquet", _prompts(1))
+    (tmp_path / "a" / "manifest.json").write_text("{}")
+    assert [os.path.basename(f.path) for f in open_inputs(_config(tmp_path / "a"))[0]] == [
+        "part-00000.parquet", "stats.parquet"]
+    assert len(open_inputs(_config(tmp_path / "*" / "*.parquet"))[0]) == 2
+    (tmp_path / "a" / "manifest.json").unlink()
+    (tmp_path / "a" / "_SUCCESS").write_bytes(b"")
+    assert len(open_inputs(_config(tmp_path / "a"))[0]) == 2
+
+
 def test_files_with_different_schemas_are_refused(tmp_path: Path) -> None:
     write_parquet(tmp_path / "a.parquet", _prompts(1))
     write_parquet(tmp_path / "b.parquet", {**_prompts(1), "extra": [1]})
@@ -386,6 +401,12 @@ def test_generated_ids_of_a_glob_over_files_of_one_name_come_from_their_paths(
     assert [f.id_stem for f in files] == ["x/part", "y/part"]
     files = open_inputs(_config(tmp_path / "y" / "*.parquet"))[0]
     assert [f.id_stem for f in files] == ["other", "part"]
+    # a '**' glob through a symlink back up reads each file once (it read this one 41 times,
+    # each copy with ids of its own path)
+    (tmp_path / "x" / "loop").symlink_to("..")
+    files = open_inputs(_config(tmp_path / "**" / "part.parquet"))[0]
+    assert [f.id_stem for f in files] == ["x/part", "y/part"]
+    (tmp_path / "x" / "loop").unlink()
     # names that differ only in their suffix still make the same ids: refused, named
     write_parquet(tmp_path / "y" / "part.pq", {"prompt": ["d"]})
     with pytest.raises(JobError, match=r"no 'id' column, and ids made from file names would "
@@ -428,3 +449,22 @@ def test_plan_without_id_column(tmp_path: Path) -> None:
     plan = plan_inputs(_config(tmp_path / "in.parquet", shard_rows=2))
     assert not plan.has_id_column
     assert [(s.start, s.stop) for s in plan.shards] == [(0, 2), (2, 3)]
+
+
+def test_a_glob_spelled_otherwise_on_resume_is_refused_where_ids_would_change(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """Ids made from paths under a glob's fixed folders depend on its spelling: a resume with
+    'n*/*/a.parquet' for 'n/*/a.parquet' mixed 'y/a:0' and 'n/y/a:0' in one output."""
+    for folder in ("x", "y"):
+        write_parquet(tmp_path / "n" / folder / "a.parquet", {"prompt": [f"Tell me {folder}"]})
+    out = tmp_path / "out"
+
+    def config(spec: str) -> JobConfig:
+        return JobConfig(input=spec, output_dir=str(out), shard_rows=1, max_tokens=2,
+                         engine=EngineConfig(model=str(tiny_model_dir)))
+    run_job(config(f"{tmp_path}/n/*/a.parquet"), lambda _: tiny_engine, progress=False)
+    assert read_parts(out).column("id").to_pylist() == ["x/a:0", "y/a:0"]
+    with pytest.raises(JobError, match=re.escape(
+            f"{tmp_path}/n/x/a.parquet: ids made for its rows would start with 'n/x/a', not "
+            "'x/a' (the glob is spelled otherwise: give it as before)")):
+        run_job(config(f"{tmp_path}/n*/*/a.parquet"), lambda _: tiny_engine, progress=False)

@@ -325,6 +325,19 @@ def test_error_messages_with_negative_numbers_are_counted_with_the_others(
     assert "| 3 | `top_p got N` |\n| 2 | `rows N-N unreadable` |" in report
 
 
+def test_error_messages_with_a_letter_n_or_exponents_are_grouped_by_their_numbers(
+        tmp_path: Path) -> None:
+    """'(N)' and '(5)' made one pattern of 1 and 2 numbers: report stopped on a ValueError;
+    '-3e-05' was a group of its own ('got Ne-N')."""
+    write_parquet(tmp_path / "part-00000.parquet",
+                  {"error": ["messages[0] (N) has null content", "messages[0] (5) has null content",
+                             "got -0.5", "got -3e-05", "got 2E+7"]})
+    report = _error_reasons(str(tmp_path), {0: Counts(rows=5, errors=5)})
+    assert "| 3 | `got N` |" in report
+    assert "| 1 | `messages[0] (N) has null content` |" in report
+    assert "| 1 | `messages[0] (5) has null content` |" in report
+
+
 def test_bar_plots_label_a_round_step_of_bars_that_fits() -> None:
     """470 shards were labelled every 23rd, the labels running together ('115138161...')."""
     assert [_label_step(n, len(str(n - 1))) for n in (5, 20, 30, 470, 3000, 100_000)] == [
