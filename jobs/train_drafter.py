@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.config import one_line
+from pipeline.schema import python_values
 from runtime.config import DEFAULT_MODEL
 from runtime.loader import load_model_config, resolve_model
 from runtime.speculative.train_job import (
@@ -54,9 +55,25 @@ def read_prompts(path: Path, limit: int | None = None, option: str = "--prompts"
             or pa.types.is_null(kind)):
         raise click.BadParameter(f"{path}: column 'prompt' is {kind}, not string",
                                  param_hint=option)
-    prompts = table.column("prompt").to_pylist()
-    ids = ([str(i) for i in table.column("id").to_pylist()] if "id" in table.schema.names
-           else [str(i) for i in range(len(prompts))])
+    prompts = python_values(table.column("prompt"))  # not UTF-8: its UnicodeDecodeError
+    if bad := [row for row, value in enumerate(prompts) if isinstance(value, UnicodeDecodeError)]:
+        click.echo(f"note: {option} {path}: left out {len(bad)} prompt(s) that are not valid "
+                   f"UTF-8 (row {bad[0]}{', ...' if len(bad) > 1 else ''})", err=True)
+    if "id" in table.schema.names:
+        raw_ids = table.column("id").to_pylist()
+        seen: dict[str, int] = {}
+        for row, value in enumerate(raw_ids):
+            if value is None:
+                raise click.BadParameter(f"{path}: column 'id' is null at row {row}",
+                                         param_hint=option)
+            if str(value) in seen:  # answers are kept by id: one would stand for both
+                raise click.BadParameter(f"{path}: duplicate id {value!r} in column 'id' (rows "
+                                         f"{seen[str(value)]} and {row}); ids must be unique",
+                                         param_hint=option)
+            seen[str(value)] = row
+        ids = [str(i) for i in raw_ids]
+    else:
+        ids = [str(i) for i in range(len(prompts))]
     keep = [i for i, p in enumerate(prompts) if isinstance(p, str) and p.strip()][:limit]
     if not keep:
         raise click.BadParameter(f"{path} has no prompt to train on (rows: {len(prompts)}; "

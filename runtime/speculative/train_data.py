@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -92,15 +93,21 @@ def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: S
                                   SamplingParams(max_tokens=max_answer_tokens,
                                                  temperature=temperature, seed=seed))
                 for i, n, seed in todo)
+    failed: list[str] = []  # prompts too long for the context, say
     with path.open("a") as f:
         for c in engine.generate(requests):
             if c.finish_reason == "error" or not c.token_ids:
+                if c.finish_reason == "error":
+                    failed.append(f"{c.request_id}: {c.error}")
                 continue
             f.write(json.dumps({"id": c.request_id, "prompt_ids": list(c.prompt_token_ids),
                                 "answer_ids": list(c.token_ids)}) + "\n")
             f.flush()
             if progress is not None:
                 progress.update(1)
+    if failed:
+        print(f"note: {len(failed)} of {len(todo)} answers could not be made and are left out "
+              f"(prompt {failed[0]})", file=sys.stderr)
     return path
 
 

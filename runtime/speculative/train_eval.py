@@ -41,26 +41,31 @@ class EvalResult(NamedTuple):
 
 
 def evaluate(model: str, drafter: Path, prompts: Sequence[str], k: int, max_tokens: int,
-             dtype: str = "float32") -> EvalResult:
-    """Greedy generation with our engine and the drafter; acceptance as vLLM reports it."""
+             dtype: str = "float32", max_model_len: int = 2048) -> EvalResult:
+    """Greedy generation with our engine and the drafter; acceptance as vLLM reports it. A
+    prompt the engine cannot run (too long for max_model_len) is not counted; an answer stops
+    at the context's end, as in `generate`."""
     from runtime.engine import Engine  # noqa: PLC0415
 
     engine = Engine(EngineConfig(model=model, dtype=dtype, drafter=str(drafter),
-                                 num_speculative_tokens=k, max_model_len=2048))
+                                 num_speculative_tokens=k, max_model_len=max_model_len))
     ids = render_prompts(prompts, engine.tokenizer)
-    params = SamplingParams(max_tokens=max_tokens)
     started = time.perf_counter()
-    tokens = drafted = accepted = steps = 0
+    tokens = drafted = accepted = steps = evaluated = 0
     per = [0] * k
-    for c in engine.generate(GenerationRequest(str(i), tuple(t), params)
+    for c in engine.generate(GenerationRequest(str(i), tuple(t), SamplingParams(
+            max_tokens=min(max_tokens, max(1, engine.max_model_len - len(t)))))
                              for i, t in enumerate(ids)):
+        if c.finish_reason == "error":
+            continue
+        evaluated += 1
         tokens += len(c.token_ids)
         drafted += c.num_drafted
         accepted += c.num_accepted
         steps += c.num_draft_steps
         for j, a in enumerate(c.accepted_per_position):
             per[j] += a
-    return EvalResult(len(prompts), tokens, drafted, accepted, steps,
+    return EvalResult(evaluated, tokens, drafted, accepted, steps,
                       [a / max(1, steps) for a in per], time.perf_counter() - started)
 
 

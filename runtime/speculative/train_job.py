@@ -115,6 +115,10 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                          job.max_answer_tokens, bar, job.answer_samples, job.answer_temperature,
                          job.first_sample)
     rows = read_answers(data_dir / ANSWERS)
+    if not rows:  # (training would look for a first step forever)
+        raise ValueError(f"no answers to train on: the target answered none of the "
+                         f"{len(job.prompts)} prompt(s) (too long for its context of "
+                         f"{engine_config.max_model_len} tokens, say: see the note above)")
     added = len(rows) - answers_before
     earlier_runs = record_source(data_dir, job.model, digest, layers, answers_run(job, added))
     with tqdm(total=len(rows), desc="features", unit="seq") as bar:
@@ -151,7 +155,8 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     result = None
     if job.eval_prompts:
         result = evaluate(job.model, job.out_dir, job.eval_prompts, job.num_speculative_tokens,
-                          job.eval_max_tokens)
+                          job.eval_max_tokens,
+                          max_model_len=min(2048, target_config.max_position_embeddings))
         print(result.summary())
     write_model_card(job, len(rows), sum(len(r["answer_ids"]) for r in rows), trainer.step,
                      time.time() - started, log, result, trainer.elapsed_s,
@@ -348,6 +353,7 @@ def _train_epochs(trainer: DrafterTrainer, shards: list[Path], ckpt: Path, every
     epoch = 0
     while not trainer.done():
         g = torch.Generator().manual_seed(trainer.config.seed * 1000 + epoch)
+        batches = seen
         for s in torch.randperm(len(shards), generator=g).tolist():
             shard = read_shard(shards[s])
             for seqs in make_batches(shard, trainer.config.batch_tokens, g):
@@ -367,6 +373,9 @@ def _train_epochs(trainer: DrafterTrainer, shards: list[Path], ckpt: Path, every
                     break
             if trainer.done():
                 break
+        if seen == batches:  # an epoch of no batch: the next would find none either
+            raise ValueError("no training batch in the features (no answer has a token to "
+                             "learn from)")
         epoch += 1
 
 

@@ -185,3 +185,59 @@ def test_the_model_card_counts_what_ran(tiny_model_dir: Path, tmp_path: Path) ->
     assert f"a draft vocabulary of the {vocab} most frequent tokens" in card
     assert "token-loss weight" not in card  # EAGLE-1's alone
     assert "Training accuracy (last 2 steps, per unrolled step)" in card
+
+
+def test_cli_refuses_repeated_or_null_ids_and_leaves_out_prompts_not_utf8(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Found by a reviewer: a repeated id merged two prompts' answers under one (the second
+    never answered), a null id became 'None', and bytes that are not UTF-8 gave a traceback."""
+    from jobs.train_drafter import read_prompts  # noqa: PLC0415
+
+    repeated = tmp_path / "repeated.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 1], "prompt": list(PROMPTS)}), repeated)
+    nulls = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"id": [None, "b", "c"], "prompt": list(PROMPTS)}), nulls)
+    base = ["train-drafter", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"),
+            "--max-steps", "1"]
+    for path, why in ((repeated, "duplicate id 1 in column 'id' (rows 0 and 2); ids must be "
+                                 "unique"), (nulls, "column 'id' is null at row 0")):
+        result = CliRunner().invoke(main, [*base, "--prompts", str(path)])
+        assert result.exit_code == 2
+        assert f"Invalid value for --prompts: {path}: {why}" in " ".join(result.output.split())
+    assert not (tmp_path / "o").exists()
+    binary = tmp_path / "binary.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([b"Hello", b"caf\xe9 au lait", b"Hi"],
+                                                pa.binary())}).cast(
+        pa.schema([("prompt", pa.string())]), safe=False), binary)
+    ids, prompts = read_prompts(binary)
+    assert (ids, prompts) == (("0", "2"), ("Hello", "Hi"))
+
+
+def test_no_answer_to_train_on_is_refused_not_looped_on(tiny_model_dir: Path,
+                                                       tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """Prompts all longer than the target's context gave no answer, and training looked for a
+    first batch forever at full CPU; a prompt left out that way was not said."""
+    long = "word " * 600  # over the tiny target's 512 positions
+    with pytest.raises(ValueError, match=r"no answers to train on: the target answered none of "
+                                         r"the 2 prompt\(s\) \(too long for its context of 512 "
+                                         r"tokens"):
+        run_train_drafter(_job(tiny_model_dir, tmp_path / "d", prompt_ids=("a", "b"),
+                               prompts=(long, long)))
+    assert "note: 2 of 2 answers could not be made and are left out (prompt a: " in (
+        capsys.readouterr().err)
+
+
+def test_evaluation_stops_at_the_context_and_counts_the_prompts_it_ran(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The held-out evaluation ran with a context of 2048 on a 512-position target, and counted
+    prompts it could not run."""
+    from runtime.speculative.train_eval import evaluate  # noqa: PLC0415
+    from tests.drafter_fixtures import make_random_drafter  # noqa: PLC0415
+
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "d", num_layers=1)
+    result = evaluate(str(tiny_model_dir), drafter, ["word " * 600, "Hello there"], 2, 600,
+                      max_model_len=512)
+    assert result.num_prompts == 1  # the long one cannot run
+    assert 0 < result.num_tokens <= 512 - 10  # its answer ends at the context's end
