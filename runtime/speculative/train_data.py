@@ -106,8 +106,10 @@ def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: S
             if progress is not None:
                 progress.update(1)
     if failed:
-        print(f"note: {len(failed)} of {len(todo)} answers could not be made and are left out "
-              f"(prompt {failed[0]})", file=sys.stderr)
+        note = (f"note: {len(failed)} of {len(todo)} answers could not be made and are left out "
+                f"(prompt {failed[0]})")
+        # on a line of its own, not after the progress bar's
+        (progress.write if progress is not None else print)(note, file=sys.stderr)
     return path
 
 
