@@ -63,7 +63,8 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     found = glob.glob(spec, recursive=True)
     files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     spelled = _spelled(spec)
-    folders = {os.path.dirname(p) for p in files}
+    # a job's folder matters only for a match other than a part file: list only those folders
+    folders = {os.path.dirname(p) for p in files if not is_part_name(os.path.basename(p))}
     job_folders = {f for f in folders if _is_job_output(f, os.listdir(f or "."))}
     hidden: list[str] = []  # matched, but not data
     data: list[str] = []
