@@ -34,7 +34,7 @@ from pipeline.bench.plots import (
     report_dir,
 )
 from pipeline.config import JobError
-from pipeline.discover import part_name
+from pipeline.discover import is_part_name, part_name
 from pipeline.manifest import (
     JOB_PLOTS,
     JOB_REPORT_FILE,
@@ -272,7 +272,15 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
                      "modification times (committed by a version that did not record them; a "
                      "copy of the directory changes them)")
     if manifest is None:
-        return "\n".join(lines + ["- no manifest.json: figures come from stats.parquet only"])
+        lines.append("- no manifest.json: figures come from stats.parquet only")
+        unlisted = [name for name in sorted(os.listdir(directory)) if is_part_name(name)
+                    and int(name[len("part-"):-len(".parquet")]) not in shards]
+        if unlisted:  # without a manifest the job's size is not known: these are all it shows
+            lines.append(f"- {md.plural(len(unlisted), 'part file')} that stats.parquet does not "
+                         f"list ({', '.join(unlisted[:_MAX_PENDING])}"
+                         + (" and more" if len(unlisted) > _MAX_PENDING else "")
+                         + "): not counted here")
+        return "\n".join(lines)
     config = manifest.config
     sampling = config.get("sampling", {})
     state = "complete (_SUCCESS written)" if done else "not complete"

@@ -285,6 +285,16 @@ def test_without_a_manifest_the_counts_come_back_from_stats_parquet(tmp_path: Pa
     assert "| mean acceptance length | 1.80 |" in report
     assert "| acceptance by position | 60.0% 20.0% |" in report
     assert (tmp_path / PLOTS["acceptance"]).read_bytes()[:8] == PNG_SIGNATURE
+    assert "does not list" not in report
+    # part files of shards that stats.parquet does not list (written after its last save) are
+    # named, not counted; Spark's part-00000-<uuid> names are not a job's
+    for name in ("part-00002.parquet", "part-00001.parquet", "part-00007.parquet",
+                 "part-00003-1a2b.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    assert _report(str(tmp_path))[0] == 0
+    assert ("- no manifest.json: figures come from stats.parquet only\n"
+            "- 2 part files that stats.parquet does not list (part-00001.parquet, "
+            "part-00007.parquet): not counted here\n") in (tmp_path / "report.md").read_text()
 
 
 def test_error_messages_that_differ_only_in_numbers_are_counted_together(
