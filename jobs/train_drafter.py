@@ -13,9 +13,11 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.config import one_line
-from pipeline.schema import python_values
+from pipeline.schema import is_messages_type, is_string, python_values
+from pipeline.stages.tokenize import clean_messages, messages_problem
 from runtime.config import DEFAULT_MODEL
 from runtime.loader import load_model_config, resolve_model
+from runtime.speculative.train_data import Prompt
 from runtime.speculative.train_job import (
     TrainDrafterJob,
     TrainingInterrupted,
@@ -40,45 +42,80 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def read_prompts(path: Path, limit: int | None = None, option: str = "--prompts"
-                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(ids, prompts) from a Parquet file with a `prompt` column (and `id`, else row numbers)."""
+def read_prompts(path: Path, limit: int | None = None, option: str = "--prompts",
+                 prompt_column: str = "prompt", messages_column: str | None = None
+                 ) -> tuple[tuple[str, ...], tuple[Prompt, ...]]:
+    """(ids, prompts) from a Parquet file: its prompt column (strings), or with messages_column
+    its chats (tuples of {role, content, ...} dicts); ids from its `id` column, else row numbers.
+    Rows that cannot be prompts (null, blank, malformed chats, not UTF-8) are left out, said."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise click.BadParameter(f"{path}: cannot read it as Parquet "
                                  f"({one_line(exc)})", param_hint=option) from None
-    if "prompt" not in table.schema.names:
-        raise click.BadParameter(f"{path} has no 'prompt' column", param_hint=option)
-    kind = table.schema.field("prompt").type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_null(kind)):
-        raise click.BadParameter(f"{path}: column 'prompt' is {kind}, not string",
+    column = messages_column or prompt_column
+    which = "--messages-column" if messages_column else "--prompt-column"
+    if column not in table.schema.names:
+        chats = [f.name for f in table.schema if is_messages_type(f.type)]
+        hint = (f"; chat column(s) {', '.join(chats)}: --messages-column"
+                if chats and not messages_column else "")
+        raise click.BadParameter(f"{path} has no {column!r} column ({which}; columns: "
+                                 f"{', '.join(table.schema.names)}{hint})", param_hint=option)
+    kind = table.schema.field(column).type
+    if messages_column and not (is_messages_type(kind) or pa.types.is_null(kind)):
+        raise click.BadParameter(f"{path}: column {column!r} is {kind}, not "
+                                 f"list<struct<role: string, content: string>> ({which})",
                                  param_hint=option)
-    prompts = python_values(table.column("prompt"))  # not UTF-8: its UnicodeDecodeError
-    if bad := [row for row, value in enumerate(prompts) if isinstance(value, UnicodeDecodeError)]:
+    if not messages_column and not (is_string(kind) or pa.types.is_null(kind)):
+        hint = " (chat messages: --messages-column)" if is_messages_type(kind) else ""
+        raise click.BadParameter(f"{path}: column {column!r} is {kind}, not string{hint}",
+                                 param_hint=option)
+    values = python_values(table.column(column))  # not UTF-8: its UnicodeDecodeError
+    if bad := [row for row, value in enumerate(values) if isinstance(value, UnicodeDecodeError)]:
         click.echo(f"note: {option} {path}: left out {len(bad)} prompt(s) that are not valid "
                    f"UTF-8 (row {bad[0]}{', ...' if len(bad) > 1 else ''})", err=True)
-    if "id" in table.schema.names:
-        raw_ids = table.column("id").to_pylist()
-        seen: dict[str, int] = {}
-        for row, value in enumerate(raw_ids):
-            if value is None:
-                raise click.BadParameter(f"{path}: column 'id' is null at row {row}",
-                                         param_hint=option)
-            if str(value) in seen:  # answers are kept by id: one would stand for both
-                raise click.BadParameter(f"{path}: duplicate id {value!r} in column 'id' (rows "
-                                         f"{seen[str(value)]} and {row}); ids must be unique",
-                                         param_hint=option)
-            seen[str(value)] = row
-        ids = [str(i) for i in raw_ids]
-    else:
-        ids = [str(i) for i in range(len(prompts))]
-    keep = [i for i, p in enumerate(prompts) if isinstance(p, str) and p.strip()][:limit]
+    ids = _ids(table, path, option)
+    prompts: list[Prompt | None] = []
+    malformed: list[tuple[int, str]] = []
+    for row, value in enumerate(values):
+        if isinstance(value, UnicodeDecodeError):
+            prompts.append(None)
+        elif messages_column:
+            problem = messages_problem(value)
+            if problem is not None:
+                malformed.append((row, problem))
+            prompts.append(None if problem else tuple(clean_messages(value)))
+        else:
+            prompts.append(value if isinstance(value, str) and value.strip() else None)
+    if malformed:
+        row, problem = malformed[0]
+        click.echo(f"note: {option} {path}: left out {len(malformed)} chat(s) that cannot be "
+                   f"rendered (row {row}: {problem}{', ...' if len(malformed) > 1 else ''})",
+                   err=True)
+    keep = [i for i, p in enumerate(prompts) if p is not None][:limit]
     if not keep:
+        blank = "malformed chats" if messages_column else "null and blank prompts"
         raise click.BadParameter(f"{path} has no prompt to train on (rows: {len(prompts)}; "
-                                 "null and blank prompts are left out)", param_hint=option)
-    return tuple(ids[i] for i in keep), tuple(prompts[i] for i in keep)
+                                 f"{blank} are left out)", param_hint=option)
+    return tuple(ids[i] for i in keep), tuple(p for i in keep if (p := prompts[i]) is not None)
+
+
+def _ids(table: pa.Table, path: Path, option: str) -> list[str]:
+    """The `id` column's values as strings (refused when null or repeated), else row numbers."""
+    if "id" not in table.schema.names:
+        return [str(i) for i in range(table.num_rows)]
+    raw_ids = table.column("id").to_pylist()
+    seen: dict[str, int] = {}
+    for row, value in enumerate(raw_ids):
+        if value is None:
+            raise click.BadParameter(f"{path}: column 'id' is null at row {row}",
+                                     param_hint=option)
+        if str(value) in seen:  # answers are kept by id: one would stand for both
+            raise click.BadParameter(f"{path}: duplicate id {value!r} in column 'id' (rows "
+                                     f"{seen[str(value)]} and {row}); ids must be unique",
+                                     param_hint=option)
+        seen[str(value)] = row
+    return [str(i) for i in raw_ids]
 
 
 @click.command("train-drafter")
@@ -86,7 +123,13 @@ def read_prompts(path: Path, limit: int | None = None, option: str = "--prompts"
               help="Target: a built-in name, a Hugging Face checkpoint directory or a .gguf file.")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(exists=True,
               dir_okay=False, path_type=Path), help="Parquet file of training prompts (column "
-              "'prompt'); the target answers them itself.")
+              "'prompt', or chats with --messages-column); the target answers them itself.")
+@click.option("--prompt-column", default="prompt", show_default=True,
+              help="Column of --prompts (and --eval-prompts) holding the prompt strings.")
+@click.option("--messages-column", default=None,
+              help="Train on chats instead: a list<struct<role, content>> column of --prompts "
+                   "(and --eval-prompts), rendered with the target's chat template; the target "
+                   "answers each chat's next turn.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory: the drafter checkpoint, its model card, data and state. "
                    "Answers and features already in OUT/data (e.g. a copy of an earlier run's) "
@@ -161,7 +204,8 @@ def read_prompts(path: Path, limit: int | None = None, option: str = "--prompts"
               help="How many of --eval-prompts (the first N) to measure acceptance on.")
 @click.option("--eval-max-tokens", default=128, show_default=True, type=click.IntRange(1),
               help="Tokens generated per held-out prompt in that measurement.")
-def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, style: str,
+def train_drafter(model: str, prompts_path: Path, prompt_column: str,
+                  messages_column: str | None, out_dir: Path, layers: int, style: str,
                   num_speculative_tokens: int, draft_vocab_size: int | None,
                   draft_head_size: int | None, unroll: int | None,
                   max_steps: int | None, time_budget: str | None, resume: bool,
@@ -185,9 +229,10 @@ def train_drafter(model: str, prompts_path: Path, out_dir: Path, layers: int, st
                               load_model_config(resolve_model(model)))
         except (ValueError, FileNotFoundError) as e:
             raise click.BadParameter(str(e), param_hint="--init-drafter") from e
-    ids, prompts = read_prompts(prompts_path, max_train_prompts)
-    evals = (read_prompts(eval_prompts, num_eval, "--eval-prompts")[1]
-             if eval_prompts is not None else ())
+    ids, prompts = read_prompts(prompts_path, max_train_prompts, "--prompts", prompt_column,
+                                messages_column)
+    evals = (read_prompts(eval_prompts, num_eval, "--eval-prompts", prompt_column,
+                          messages_column)[1] if eval_prompts is not None else ())
     train = TrainConfig(num_steps=unroll or num_speculative_tokens, lr=lr,
                         warmup_steps=warmup_steps, max_steps=max_steps,
                         time_budget_s=budget_s,

@@ -90,19 +90,34 @@ def _render_messages(messages: list[dict[str, Any]] | None | _RowError,
                      tokenizer: Any) -> str | _RowError:
     if isinstance(messages, _RowError):
         return messages
+    problem = messages_problem(messages)
+    if problem is not None:
+        return _RowError(problem)
+    assert messages is not None
+    return _apply_template(clean_messages(messages), tokenizer)
+
+
+def messages_problem(messages: list[dict[str, Any]] | None) -> str | None:
+    """Why a row's chat cannot be rendered (null, empty, a message without role or content), or
+    None when it can."""
     if messages is None:
-        return _RowError("messages is null")
+        return "messages is null"
     if not messages:
-        return _RowError("messages is empty")
+        return "messages is empty"
     for i, message in enumerate(messages):
         if message is None:
-            return _RowError(f"messages[{i}] is null")
+            return f"messages[{i}] is null"
         if not message.get("role"):
-            return _RowError(f"messages[{i}] has no role")
+            return f"messages[{i}] has no role"
         if message.get("content") is None:
-            return _RowError(f"messages[{i}] ({message['role']}) has null content")
-    cleaned = [{k: v for k, v in m.items() if v is not None} for m in messages]
-    return _apply_template(cleaned, tokenizer)
+            return f"messages[{i}] ({message['role']}) has null content"
+    return None
+
+
+def clean_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without the struct fields that are null in them (a chat template tests
+    `'name' in message`, not whether it is None)."""
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
 def _apply_template(messages: list[dict[str, Any]], tokenizer: Any) -> str | _RowError:

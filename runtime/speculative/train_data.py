@@ -52,11 +52,20 @@ class PackedShard(NamedTuple):
     loss_start: torch.Tensor  # [S] int64, first answer token's offset inside sequence s
 
 
-def render_prompts(prompts: Sequence[str], tokenizer: Any) -> list[list[int]]:
-    """Chat-templated token ids, exactly as the generate job's tokenize stage makes them."""
+# a training prompt: a user's message, or a chat (the messages before the target's turn)
+Prompt = str | tuple[dict[str, Any], ...]
+
+
+def render_prompts(prompts: Sequence[Prompt], tokenizer: Any) -> list[list[int]]:
+    """Chat-templated token ids, exactly as the generate job's tokenize stage makes them (a
+    string is one user message; raw text where the tokenizer has no chat template)."""
     if not getattr(tokenizer, "chat_template", None):
+        if any(not isinstance(p, str) for p in prompts):
+            raise ValueError("--messages-column: the target's tokenizer has no chat template to "
+                             "render chats with")
         return [list(ids) for ids in tokenizer(list(prompts))["input_ids"]]
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str)
+                                           else list(p), tokenize=False,
                                            add_generation_prompt=True) for p in prompts]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
@@ -72,7 +81,7 @@ def answer_plan(ids: Sequence[str], samples: int = 0,
     return plan
 
 
-def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: Sequence[str],
+def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: Sequence[Prompt],
                      data_dir: Path, max_answer_tokens: int, progress: Any = None,
                      samples: int = 0, temperature: float = 0.7, first_sample: int = 1) -> Path:
     """Appends every answer of answer_plan(ids, samples, first_sample) not yet in answers.jsonl."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.request import GenerationRequest
-from runtime.speculative.train_data import render_prompts
+from runtime.speculative.train_data import Prompt, render_prompts
 
 if TYPE_CHECKING:
     from runtime.speculative.train_job import TrainDrafterJob
@@ -40,7 +40,7 @@ class EvalResult(NamedTuple):
                 f"acceptance length {self.mean_acceptance_length:.3f}, per position [{per}]")
 
 
-def evaluate(model: str, drafter: Path, prompts: Sequence[str], k: int, max_tokens: int,
+def evaluate(model: str, drafter: Path, prompts: Sequence[Prompt], k: int, max_tokens: int,
              dtype: str = "float32", max_model_len: int = 2048) -> EvalResult:
     """Greedy generation with our engine and the drafter; acceptance as vLLM reports it. A
     prompt the engine cannot run (too long for max_model_len) is not counted; an answer stops

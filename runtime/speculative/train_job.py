@@ -35,6 +35,7 @@ from runtime.speculative.loader import (
 )
 from runtime.speculative.train_data import (
     ANSWERS,
+    Prompt,
     answer_plan,
     build_feature_shards,
     check_source,
@@ -58,7 +59,7 @@ from runtime.speculative.training import DrafterTrainer, TrainConfig, collate, m
 class TrainDrafterJob:
     model: str
     prompt_ids: tuple[str, ...]
-    prompts: tuple[str, ...]
+    prompts: tuple[Prompt, ...]  # strings, or chats (--messages-column)
     out_dir: Path
     train: TrainConfig
     num_layers: int = 2
@@ -76,7 +77,7 @@ class TrainDrafterJob:
     save_dtype: str = "bfloat16"
     init_from_target: bool = True
     resume: bool = False
-    eval_prompts: tuple[str, ...] = ()
+    eval_prompts: tuple[Prompt, ...] = ()
     eval_max_tokens: int = 128
     prompts_source: str = ""
 

@@ -241,3 +241,53 @@ def test_evaluation_stops_at_the_context_and_counts_the_prompts_it_ran(
                       max_model_len=512)
     assert result.num_prompts == 1  # the long one cannot run
     assert 0 < result.num_tokens <= 512 - 10  # its answer ends at the context's end
+
+
+def test_cli_trains_on_chats_of_a_messages_column(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--messages-column: the target answers each chat's next turn, its prompt rendered as the
+    generate job renders it; chats that cannot be rendered are left out, said."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    chats = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+             [{"role": "user", "content": None}],
+             [{"role": "user", "content": "Name a colour."},
+              {"role": "assistant", "content": "Red."}, {"role": "user", "content": "Another?"}],
+             []]
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "chat": chats}), path)
+    out = tmp_path / "o"
+    base = ["train-drafter", "--model", str(tiny_model_dir), "--out", str(out), "--max-steps",
+            "1", "--max-answer-tokens", "4", "--data-dtype", "float32", "--batch-tokens", "128"]
+    result = CliRunner().invoke(main, [*base, "--prompts", str(path)])
+    assert result.exit_code == 2
+    assert (f"Invalid value for --prompts: {path} has no 'prompt' column (--prompt-column; "
+            "columns: id, chat; chat column(s) chat: --messages-column)"
+            in " ".join(result.output.split()))
+    result = CliRunner().invoke(main, [*base, "--prompts", str(path), "--messages-column", "id"])
+    assert result.exit_code == 2
+    assert (f"{path}: column 'id' is string, not list<struct<role: string, content: string>> "
+            "(--messages-column)" in " ".join(result.output.split()))
+    result = CliRunner().invoke(main, [*base, "--prompts", str(path), "--messages-column", "chat"])
+    assert result.exit_code == 0, result.output
+    assert (f"note: --prompts {path}: left out 2 chat(s) that cannot be rendered (row 1: "
+            "messages[0] (user) has null content, ...)") in result.stderr
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    answers = {row["id"]: row["prompt_ids"] for row in map(
+        json.loads, (out / "data" / "answers.jsonl").read_text().splitlines())}
+    assert answers == {i: tokenizer(tokenizer.apply_chat_template(
+        chats[n], tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )["input_ids"] for i, n in (("a", 0), ("c", 2))}
+    # a target without a chat template cannot render chats: refused, named
+    raw = tmp_path / "raw"
+    shutil.copytree(tiny_model_dir, raw)
+    config = json.loads((raw / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (raw / "tokenizer_config.json").write_text(json.dumps(config))
+    for extra in raw.glob("chat_template.*"):
+        extra.unlink()
+    result = CliRunner().invoke(main, [*base[:2], str(raw), *base[3:4], str(tmp_path / "o2"),
+                                       *base[5:], "--prompts", str(path),
+                                       "--messages-column", "chat"])
+    assert (result.exit_code, result.stderr.splitlines()[-1]) == (
+        2, "error: --messages-column: the target's tokenizer has no chat template to render "
+           "chats with"), result.output
