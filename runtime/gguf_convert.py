@@ -12,6 +12,8 @@ which is not a dependency; the dequantization here is the same arithmetic (gguf.
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import shutil
 import sys
@@ -115,12 +117,102 @@ def write_checkpoint(gguf_path: Path, out_dir: Path) -> None:
     permute_qk = meta.architecture == "llama"
     tensors = dequantized_tensors(reader, config.num_attention_heads,
                                   config.num_key_value_heads, permute_qk)
+    scaling = rope_scaling(reader, meta.architecture, gguf_path)
+    rope_freqs = tensors.pop(ROPE_FREQS, None)
+    if rope_freqs is not None:
+        scaling = _llama3_scaling(rope_freqs, config, gguf_path) if scaling is None else scaling
+    if scaling is not None:
+        theta = (config.rope_parameters or {}).get("rope_theta", 10000.0)
+        config.rope_parameters = {"rope_theta": theta, **scaling}
     config.architectures = [_check_against_model(config, tensors, gguf_path)]
     config.save_pretrained(out_dir)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     _write_tokenizer(gguf_path, meta, out_dir)
     GenerationConfig(bos_token_id=meta.bos_token_id, eos_token_id=meta.eos_token_id,
                      pad_token_id=config.pad_token_id).save_pretrained(out_dir)
+
+
+# llama.cpp stores Llama 3's RoPE scaling as this tensor of per-frequency divisors
+ROPE_FREQS = "rope_freqs.weight"
+_YARN_KEYS = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow"}
+
+
+def rope_scaling(reader: gguf.GGUFReader, arch: str, gguf_path: Path) -> dict | None:
+    """The Hugging Face rope_parameters of the file's `{arch}.rope.scaling.*` keys (transformers'
+    GGUF config reader drops them), or None without scaling. llama.cpp writes linear and yarn
+    scaling so (and linear, in older files, as `{arch}.rope.scale_linear`)."""
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    old_linear = _field(reader, f"{arch}.rope.scale_linear")
+    if kind is None and old_linear is not None and float(old_linear) != 1.0:
+        return {"rope_type": "linear", "factor": float(old_linear)}
+    if kind in (None, "none"):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor or 1.0)}
+    if kind == "yarn":
+        original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+        if original is None or factor is None:
+            raise ValueError(f"{gguf_path}: yarn RoPE scaling without {arch}.rope.scaling.factor "
+                             "and .original_context_length")
+        params = {"rope_type": "yarn", "factor": float(factor),
+                  "original_max_position_embeddings": int(original)}
+        for key, name in _YARN_KEYS.items():
+            if (value := _field(reader, f"{arch}.rope.scaling.{key}")) is not None:
+                params[name] = float(value)
+        unread = [k for k in reader.fields if k.startswith(f"{arch}.rope.scaling.yarn_")
+                  and k.rsplit(".", 1)[1] not in _YARN_KEYS]
+        if unread:
+            raise ValueError(f"{gguf_path}: yarn RoPE scaling with {', '.join(unread)} is not "
+                             "supported")
+        return params
+    raise ValueError(f"{gguf_path}: RoPE scaling type {kind!r} ({arch}.rope.scaling.type) is not "
+                     "supported (supported: linear, yarn, and Llama 3's rope_freqs)")
+
+
+def _llama3_scaling(divisors: torch.Tensor, config: PretrainedConfig, gguf_path: Path) -> dict:
+    """Llama 3's rope_parameters from llama.cpp's per-frequency divisors (inverse frequency i is
+    base_i / divisors[i]): 1 for short wavelengths, `factor` for long ones, and between them
+    1 / ((1 - s) / factor + s) with s = (original / wavelength - low) / (high - low). Those with
+    low_freq_factor 1 (every Llama 3 release's) are solved for; the result is checked by
+    recomputing the divisors, and a file they do not fit is refused."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    theta = (config.rope_parameters or {}).get("rope_theta", 10000.0)
+    base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).double() / head_dim))
+    divisors = divisors.double().flatten()
+    refused = ValueError(f"{gguf_path}: {ROPE_FREQS} holds per-frequency RoPE factors that are not "
+                         "Llama 3's scaling; they are not supported")
+    if divisors.shape != base.shape:
+        raise refused
+    factor = round(float(divisors.max()), 4)
+    if factor <= 1.0:
+        return {"rope_type": "default"}
+    wavelength = 2 * torch.pi / base
+    middle = (divisors > 1.0 + 1e-6) & (divisors < factor * (1 - 1e-6))
+    s = (1 / divisors[middle] - 1 / factor) / (1 - 1 / factor)  # of the wavelengths between
+    low, high = 1.0, 4.0  # Llama 3's, where too few wavelengths lie between the ends to tell
+    if len(s) >= 2:  # s is linear in 1 / wavelength: its slope and intercept give both
+        x = 1 / wavelength[middle]
+        slope = float((s[-1] - s[0]) / (x[-1] - x[0]))
+        intercept = float(s[0] - slope * x[0])
+        if intercept >= 0:
+            raise refused
+        high = round(low - 1 / intercept, 4)  # 4.0, not 3.99999999 (the check below holds)
+        original = round(slope * (high - low))
+    elif len(s) == 1:
+        original = round(float((s[0] * (high - low) + low) * wavelength[middle][0]))
+    else:  # the shortest long wavelength is just above original / low (any context between fits)
+        original = math.floor(float(wavelength[divisors >= factor * (1 - 1e-6)].min()) * low)
+    params = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+              "high_freq_factor": high, "original_max_position_embeddings": original}
+    check = copy.deepcopy(config)
+    check.rope_parameters = {"rope_theta": theta, **params}
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](check, torch.device("cpu"))
+    if not torch.allclose(base.float() / divisors.float(), inv_freq.float(), rtol=1e-4, atol=0):
+        raise refused
+    return params
 
 
 def read_metadata(reader: gguf.GGUFReader) -> GGUFMetadata:
@@ -164,7 +256,8 @@ def dequantized_tensors(reader: gguf.GGUFReader, num_heads: int, num_kv_heads: i
             weights = unpermute_rotary(weights, num_kv_heads)
         # F32 tensors come back as read-only views of the file; copy those (only those).
         array = np.require(weights, dtype=np.float32, requirements=["C", "W"])
-        tensors[hf_tensor_name(tensor.name)] = torch.from_numpy(array)
+        name = tensor.name if tensor.name == ROPE_FREQS else hf_tensor_name(tensor.name)
+        tensors[name] = torch.from_numpy(array)
     return tensors
 
 

@@ -67,9 +67,14 @@ def resolve_model(name_or_path: str) -> Path:
         "a path to a .gguf file, or a Hugging Face checkpoint directory containing config.json")
 
 
+# bumped when a conversion of the same file changes (2: RoPE scaling read), so that a file
+# converted by an earlier version is converted again
+_CONVERSION = 2
+
+
 def _file_fingerprint(path: Path) -> str:
     stat = path.stat()
-    key = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    key = f"{_CONVERSION}\0{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 

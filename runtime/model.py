@@ -37,10 +37,19 @@ def head_dim_of(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def sliding_window_of(config: PretrainedConfig, layer_index: int) -> int | None:
-    """The layer's attention window, or None for full attention."""
+# the architectures whose transformers implementation applies `sliding_window`; Llama's ignores
+# the key, so a Llama config that carries it (a relabelled Mistral's, say) attends to everything
+_WINDOWED_MODEL_TYPES = ("qwen2", "qwen3", "mistral")
+
+
+def sliding_window_of(config: PretrainedConfig, layer_index: int,
+                      any_architecture: bool = False) -> int | None:
+    """The layer's attention window, or None for full attention. A drafter's layers
+    (`any_architecture`, Llama-style configs of our own) take the window their config gives."""
     window = getattr(config, "sliding_window", None)
     if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    if not any_architecture and getattr(config, "model_type", None) not in _WINDOWED_MODEL_TYPES:
         return None
     layer_types = getattr(config, "layer_types", None)
     if layer_types and layer_types[layer_index] != "sliding_attention":
@@ -48,11 +57,12 @@ def sliding_window_of(config: PretrainedConfig, layer_index: int) -> int | None:
     return int(window)
 
 
-def layer_windows(config: PretrainedConfig, max_model_len: int) -> list[int | None]:
+def layer_windows(config: PretrainedConfig, max_model_len: int,
+                  any_architecture: bool = False) -> list[int | None]:
     """Each layer's window; a window that covers the whole context is full attention (None)."""
     windows = []
     for i in range(config.num_hidden_layers):
-        window = sliding_window_of(config, i)
+        window = sliding_window_of(config, i, any_architecture)
         windows.append(None if window is not None and window >= max_model_len else window)
     return windows
 

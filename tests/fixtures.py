@@ -8,10 +8,12 @@ deterministic: the same arguments give the same files.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -192,6 +194,7 @@ def make_tiny_gguf(checkpoint_dir: Path, out_path: Path) -> Path:
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_rope_scaling(writer, config, head_dim)
     _add_tokenizer_metadata(writer, tokenizer)
     for name, tensor in load_file(str(checkpoint_dir / "model.safetensors")).items():
         if permute and name.endswith("q_proj.weight"):
@@ -204,6 +207,37 @@ def make_tiny_gguf(checkpoint_dir: Path, out_path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out_path
+
+
+def _add_rope_scaling(writer: gguf.GGUFWriter, config: PretrainedConfig, head_dim: int) -> None:
+    """RoPE scaling as llama.cpp's converter writes it: linear and yarn as metadata, Llama 3's as
+    a rope_freqs tensor of per-frequency divisors."""
+    params = config.rope_parameters or {}
+    kind = params.get("rope_type", "default")
+    if kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(params["factor"])
+    elif kind == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(params["factor"])
+        writer.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
+    elif kind == "llama3":
+        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+        original = params["original_max_position_embeddings"]
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+        divisors = []
+        for freq in (1.0 / params["rope_theta"] ** exponents).tolist():
+            wavelength = 2 * math.pi / freq
+            if wavelength < original / high:
+                divisors.append(1.0)
+            elif wavelength > original / low:
+                divisors.append(factor)
+            else:
+                smooth = (original / wavelength - low) / (high - low)
+                divisors.append(1 / ((1 - smooth) / factor + smooth))
+        writer.add_tensor("rope_freqs.weight", np.array(divisors, dtype=np.float32))
+    elif kind != "default":
+        raise ValueError(f"make_tiny_gguf writes no {kind!r} RoPE scaling")
 
 
 def _add_tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer: PreTrainedTokenizerFast) -> None:

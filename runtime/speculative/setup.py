@@ -26,7 +26,7 @@ def build_proposer(config: EngineConfig, target: CausalLM, p: Placement, max_pos
     ckpt = load_drafter_checkpoint(Path(config.drafter), target.config)
     n_target = target.config.num_hidden_layers
     names = [draft_layer_name(n_target, i) for i in range(ckpt.config.num_hidden_layers)]
-    windows = layer_windows(ckpt.config, max_positions)
+    windows = layer_windows(ckpt.config, max_positions, any_architecture=True)
     drafter = EagleDrafter(ckpt.config, ckpt.style, target, names, p.backend,
                            fc_bias="fc.bias" in ckpt.state_dict, windows=windows,
                            own_head="lm_head.weight" in ckpt.state_dict)

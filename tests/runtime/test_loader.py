@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import runtime.gguf_convert as gguf_convert
-from runtime.config import DEFAULT_MODEL
+from runtime.config import DEFAULT_MODEL, EngineConfig, SamplingParams
+from runtime.engine import Engine
 from runtime.loader import (
     SMOLLM2,
     cache_dir,
@@ -24,6 +25,7 @@ from runtime.loader import (
     resolve_model,
 )
 from runtime.model import head_dim_of
+from runtime.request import GenerationRequest
 from tests.fixtures import make_tiny_checkpoint, make_tiny_gguf
 
 
@@ -179,6 +181,64 @@ def test_gguf_file_converts_to_the_same_checkpoint(tmp_path: Path, cache: Path, 
     assert tokenizer.encode(text) == want_tokenizer.encode(text)
     assert tokenizer.chat_template == want_tokenizer.chat_template
     assert eos_token_ids(model_dir, tokenizer) == frozenset({2})
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    # rope_freqs: two wavelengths between the ends (19.9 and 62.8 with theta 10,000), then none
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 32, "rope_theta": 500000.0},
+], ids=["linear", "yarn", "llama3", "llama3-no-middle"])
+def test_gguf_rope_scaling_is_read_and_decodes_as_transformers(
+        tmp_path: Path, cache: Path, scaling: dict) -> None:
+    """Found by a reviewer: transformers' GGUF config reader drops llama.cpp's RoPE scaling
+    (linear, yarn), so a scaled file decoded unscaled without a word; and Llama 3's, which
+    llama.cpp writes as a rope_freqs tensor, stopped the conversion."""
+    original = make_tiny_checkpoint(tmp_path / "original", rope_scaling=scaling,
+                                    max_position_embeddings=256)
+    model_dir = resolve_model(str(make_tiny_gguf(original, tmp_path / "scaled.gguf")))
+    want = dict(load_model_config(original).rope_parameters)
+    got = dict(load_model_config(model_dir).rope_parameters)
+    assert got.pop("factor") == pytest.approx(want.pop("factor"), rel=1e-6)
+    assert {k: got[k] for k in want} == want
+    reference = AutoModelForCausalLM.from_pretrained(original, dtype=torch.float32).eval()
+    prompt = [(7 * i) % 250 + 4 for i in range(90)]  # beyond the original contexts
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20))
+    done = list(engine.generate([GenerationRequest("0", tuple(prompt), SamplingParams(
+        max_tokens=8, ignore_eos=True))]))
+    assert list(done[0].token_ids) == expected
+
+
+def test_gguf_rope_factors_that_are_not_llama3_scaling_are_refused(
+        tmp_path: Path, cache: Path) -> None:
+    import gguf  # noqa: PLC0415
+
+    original = make_tiny_checkpoint(tmp_path / "original")
+    path = make_tiny_gguf(original, tmp_path / "odd.gguf")
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(tmp_path / "factors.gguf", "llama")
+    for field in reader.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        value = field.contents()
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, kind, sub_type=sub)
+    writer.add_tensor("rope_freqs.weight", np.array([1, 3, 2, 8, 8, 8, 8, 8], np.float32))
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"factors.gguf: rope_freqs.weight holds per-frequency "
+                                         r"RoPE factors that are not Llama 3's scaling"):
+        resolve_model(str(tmp_path / "factors.gguf"))
 
 
 def test_failed_conversion_leaves_no_cache_entry(tmp_path: Path, cache: Path,

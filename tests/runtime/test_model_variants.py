@@ -115,6 +115,34 @@ def test_qwen2_mixing_full_and_sliding_layers_matches_transformers(tmp_path: Pat
                 assert sum(c.num_drafted for c in done.values()) > 0
 
 
+def test_a_llama_config_carrying_a_sliding_window_attends_to_everything(tmp_path: Path) -> None:
+    """Found by a reviewer: transformers' Llama model ignores `sliding_window` (a relabelled
+    Mistral's config carries it), and the engine attended over the window. (transformers'
+    `generate` with its cache does not: its cache, built from the config, keeps only the window,
+    so its decode steps see the window and its prompt pass everything; without the cache it
+    runs the model as defined.)"""
+    import json  # noqa: PLC0415
+
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from tests.fixtures import make_tiny_checkpoint  # noqa: PLC0415
+
+    model_dir = make_tiny_checkpoint(tmp_path / "llama")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["sliding_window"] = 4
+    (model_dir / "config.json").write_text(json.dumps(config))
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompt = [5, 9, 33, 12, 80, 7, 61, 2, 17, 40]
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0,
+                                  use_cache=False)[0, len(prompt):].tolist()
+    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20))
+    assert len(engine.kv_cache_config.groups) == 1
+    done = list(engine.generate([GenerationRequest("0", tuple(prompt), SamplingParams(
+        max_tokens=12, ignore_eos=True))]))
+    assert list(done[0].token_ids) == expected
+
+
 @pytest.mark.parametrize("change, message", [
     ({"hidden_act": "gelu_pytorch_tanh"},
      "the model's hidden_act 'gelu_pytorch_tanh' is not supported (supported: silu)"),
