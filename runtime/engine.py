@@ -154,6 +154,12 @@ class Engine:
         if n >= self.max_model_len:
             return (f"prompt has {n} tokens; the model's context is {self.max_model_len} "
                     "tokens and at least one must be left to generate")
+        ids, vocab = request.prompt_token_ids, self.hf_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:  # the embedding would fail the whole step
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            return (f"prompt token id {bad} is outside the model's vocabulary (ids 0 to "
+                    f"{vocab - 1}" + ("; a tokenizer with tokens added beyond the model's "
+                                      "vocab_size makes them)" if bad >= vocab else ")"))
         if -(-n // self.placement.block_size) > self.kv_cache_config.num_blocks - 1:
             # its prompt alone outgrows the cache: failed now, not after preempting the others
             return self._too_large(n, request.params.max_tokens)

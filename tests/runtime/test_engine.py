@@ -132,7 +132,9 @@ def test_a_prompt_cut_into_other_chunks_gives_bit_equal_greedy_tokens(
     each query alone, so greedy tokens do not depend on the cut (the token budget, which a
     drafter's verification rows change). This prompt, found by a randomized check, has a
     near-tie that flipped when its 28 tokens took torch's SDPA in one chunk (budget 2048: 160
-    at the 8th token, where chunks of at most 17 gave 82)."""
+    at the 8th token, where chunks of at most 17 gave 82). The tokens themselves depend on the
+    machine's vector instructions (the AVX-512 and AVX2 kernels round differently), so the check
+    is that every cut gives the same ones."""
     prompt = (19, 153, 119, 231, 138, 136, 5, 208, 229, 228, 14, 174, 23, 207, 8, 104, 79, 187,
               144, 226, 201, 217, 98, 100, 48, 225, 204, 78)
     request = GenerationRequest("x", prompt, SamplingParams(max_tokens=13, ignore_eos=True))
@@ -140,7 +142,7 @@ def test_a_prompt_cut_into_other_chunks_gives_bit_equal_greedy_tokens(
     for budget in (2048, 9, 16, 17):
         engine = _engine(tiny_model_dir, attention_backend="cpu", max_num_batched_tokens=budget)
         outputs.add(_run(engine, [request])["x"].token_ids)
-    assert outputs == {(160, 59, 169, 65, 187, 135, 73, 82, 189, 235, 159, 139, 124)}
+    assert len(outputs) == 1 and len(next(iter(outputs))) == 13, outputs
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
@@ -317,6 +319,22 @@ def test_request_too_big_for_the_kv_cache_errors(tiny_model_dir: Path,
     assert (done.finish_reason, done.error) == ("error", (
         "request needs up to 7 KV cache blocks of 4 tokens to finish (26 tokens of prompt and "
         "completion) but the whole cache has 5; raise --kv-cache-memory"))
+
+
+def test_prompt_ids_outside_the_vocabulary_fail_their_request_only(
+        tiny_model_dir: Path, reference: Reference) -> None:
+    """Found by a reviewer: an id past vocab_size (from a tokenizer's added tokens) or below 0
+    raised an IndexError in the embedding, and every request of the step was lost."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    requests = [GenerationRequest("over", (5, 9, 256), params),
+                GenerationRequest("under", (5, -1, 9), params), *_requests([PROMPTS[2]], params)]
+    completions = _run(_engine(tiny_model_dir), requests)
+    assert [(completions[i].finish_reason, completions[i].error) for i in ("over", "under")] == [
+        ("error", "prompt token id 256 is outside the model's vocabulary (ids 0 to 255; a "
+                  "tokenizer with tokens added beyond the model's vocab_size makes them)"),
+        ("error", "prompt token id -1 is outside the model's vocabulary (ids 0 to 255)")]
+    good = requests[2]
+    assert completions[good.request_id].token_ids == reference.greedy(good.prompt_token_ids, 4)
 
 
 def test_generate_pulls_requests_lazily(tiny_model_dir: Path) -> None:
