@@ -41,8 +41,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
                    "random one-layer drafter (measures drafting cost only); 'none'.")
 @click.option("--prompts", required=True,
               help="Parquet file of prompts (read before any model is loaded); other columns "
-                   "are ignored, and null, empty or too-long prompts are left out (the report "
-                   "counts them).")
+                   "are ignored, and null, empty or too-long prompts and malformed messages "
+                   "are left out (the report counts them).")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="Column of --prompts holding the prompt text.")
 @click.option("--messages-column", default=None,

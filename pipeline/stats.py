@@ -2,6 +2,7 @@
 
 Definitions (speculative decoding):
   drafted / accepted        draft tokens proposed / accepted by verification
+  draft_steps               verification steps that checked drafts
   acceptance_rate           accepted / drafted
   mean_acceptance_length    tokens produced per verification step = 1 + accepted / draft_steps
                             (the accepted drafts plus the one token the target always adds)
@@ -29,7 +30,8 @@ STATS_SCHEMA = pa.schema([
     ("shard_id", pa.int32()), ("rows", pa.int64()), ("errors", pa.int64()),
     ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
     ("wall_seconds", pa.float64()), ("output_tokens_per_s", pa.float64()),
-    ("drafted", pa.int64()), ("accepted", pa.int64()), ("acceptance_rate", pa.float64()),
+    ("drafted", pa.int64()), ("accepted", pa.int64()), ("draft_steps", pa.int64()),
+    ("acceptance_rate", pa.float64()),
     ("mean_acceptance_length", pa.float64()), ("per_position_acceptance", pa.list_(pa.float64())),
     ("committed_at", pa.timestamp("ms", tz="UTC")),
 ])
@@ -110,6 +112,7 @@ def write_stats(output_dir: str, shards: dict[int, Counts],
         rows.append({"shard_id": shard_id, "rows": c.rows, "errors": c.errors,
                      "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                      "wall_seconds": c.wall_seconds, "drafted": c.drafted, "accepted": c.accepted,
+                     "draft_steps": c.draft_steps,
                      **c.derived(),
                      "committed_at": None if when is None else round(when * 1000)})
     buffer = io.BytesIO()

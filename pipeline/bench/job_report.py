@@ -61,6 +61,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
         what = "a file, not a directory" if os.path.exists(directory) else "no such directory"
         raise JobError(f"OUTPUT_DIR {directory}: {what}")
     stats_path = Path(directory) / STATS_FILE
+    damaged_manifest = False
     try:
         manifest = load_manifest(directory)
     except DamagedManifest as exc:
@@ -69,11 +70,12 @@ def write_job_report(directory: str, out_dir: str) -> Path:
                            "to report from") from None
         print(f"{exc.path} is damaged ({exc.reason}); reporting from {STATS_FILE} alone",
               file=sys.stderr)
-        manifest = None
+        manifest, damaged_manifest = None, True
     if manifest is None and not stats_path.is_file():
         raise JobError(f"{directory} has no {MANIFEST_FILE}, {STATS_FILE} or bench.parquet: "
                        "not the output of an eaglebatch job or bench")
     shards, recorded = _shards(manifest, stats_path)
+    unknown_steps = _steps_unknown(shards) if manifest is None else 0
     out = report_dir(Path(out_dir))
     committed = {sid: recorded[sid] if sid in recorded else _part_file_time(directory, sid)
                  for sid in shards}
@@ -97,8 +99,9 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     done = os.path.exists(os.path.join(directory, SUCCESS_FILE))
     k = manifest.config.get("num_speculative_tokens") if manifest is not None else None
     busy = None if spans is None else busy_seconds(list(spans.values()))
-    sections = [_header(directory, manifest, shards, done, missing, damaged, from_files),
-                _totals(totals, busy, k),
+    sections = [_header(directory, manifest, shards, done, missing, damaged, from_files,
+                        damaged_manifest),
+                _totals(totals, busy, k, unknown_steps),
                 _error_reasons(directory, shards),
                 _shard_table(shards, committed),
                 _plot_links(drawn)]
@@ -122,13 +125,13 @@ def _shards(manifest: Manifest | None, stats_path: Path
         table = pq.read_table(stats_path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise JobError(f"{stats_path}: cannot read it as Parquet ({exc}), and there is no "
-                       f"{MANIFEST_FILE} to report from") from None
+                       f"readable {MANIFEST_FILE} to report from") from None
     columns = ["shard_id", *_COUNT_COLUMNS]
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise JobError(f"{stats_path} lacks the column(s) {', '.join(missing)}: not an "
                        f"eaglebatch job's {STATS_FILE}")
-    derived = [c for c in ("mean_acceptance_length", "per_position_acceptance")
+    derived = [c for c in ("draft_steps", "mean_acceptance_length", "per_position_acceptance")
                if c in table.column_names]
     shards = {row["shard_id"]: _counts_from_stats(row)
               for row in table.select(columns + derived).to_pylist()}
@@ -141,16 +144,28 @@ def _shards(manifest: Manifest | None, stats_path: Path
 
 
 def _counts_from_stats(row: dict[str, Any]) -> Counts:
-    """A shard's Counts from its stats.parquet row: the draft steps and accepted drafts per
-    position come back from the mean acceptance length and per-position rates (1 + accepted /
-    steps, and accepted at j / steps)."""
+    """A shard's Counts from its stats.parquet row: the accepted drafts per position come back
+    from the per-position rates (accepted at j / steps), and in files without `draft_steps`
+    (before 2026-12-07) the steps from the mean acceptance length (1 + accepted / steps), which
+    a shard that accepted nothing does not tell (its steps are left out: _steps_unknown)."""
     counts = Counts(**{c: row[c] for c in _COUNT_COLUMNS})
+    steps = row.get("draft_steps")
     length = row.get("mean_acceptance_length")
-    if counts.accepted and length is not None and length > 1:
-        counts.draft_steps = round(counts.accepted / (length - 1))
-        counts.accepted_per_position = [round(rate * counts.draft_steps)
-                                        for rate in row.get("per_position_acceptance") or []]
+    if steps is None and counts.accepted and length is not None and length > 1:
+        steps = round(counts.accepted / (length - 1))
+    if steps is None:  # 0 accepted: the shard adds nothing to the rates' numerators
+        return counts
+    counts.draft_steps = steps
+    counts.accepted_per_position = [round(rate * steps)
+                                    for rate in row.get("per_position_acceptance") or []]
     return counts
+
+
+def _steps_unknown(shards: dict[int, Counts]) -> int:
+    """Shards rebuilt from a stats.parquet without draft_steps that drafted and accepted
+    nothing: their draft steps are unknown, so the acceptance length and by-position rates
+    leave them out (and come out too high)."""
+    return sum(1 for c in shards.values() if c.drafted and not c.draft_steps)
 
 
 def _part_file_time(directory: str, shard_id: int) -> float | None:
@@ -255,7 +270,8 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
-            done: bool, missing: list[int], damaged: list[int], from_files: int) -> str:
+            done: bool, missing: list[int], damaged: list[int], from_files: int,
+            damaged_manifest: bool = False) -> str:
     lines = ["# eaglebatch job report", "", f"- directory: `{directory}`",
              f"- written {_clock(time.time())}, from the files as they were then"
              + ("" if done else " (rerun `eaglebatch report` once the job has gone on)")]
@@ -272,7 +288,8 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
                      "modification times (committed by a version that did not record them; a "
                      "copy of the directory changes them)")
     if manifest is None:
-        lines.append("- no manifest.json: figures come from stats.parquet only")
+        lines.append(f"- {'a damaged' if damaged_manifest else 'no'} manifest.json: figures "
+                     "come from stats.parquet only")
         unlisted = [name for name in sorted(os.listdir(directory)) if is_part_name(name)
                     and int(name[len("part-"):-len(".parquet")]) not in shards]
         if unlisted:  # without a manifest the job's size is not known: these are all it shows
@@ -358,8 +375,9 @@ def _drafter_label(config: dict[str, Any]) -> str:
     return f"`{drafter}`"
 
 
-def _totals(c: Counts, busy: float | None, k: int | None) -> str:
-    """busy: the seconds in which any shard was generating (None: commit times unknown)."""
+def _totals(c: Counts, busy: float | None, k: int | None, unknown_steps: int = 0) -> str:
+    """busy: the seconds in which any shard was generating (None: commit times unknown);
+    unknown_steps: shards whose draft steps are not known (_steps_unknown)."""
     d = c.derived()
     rows = [["rows", f"{c.rows:,}"], ["error rows", f"{c.errors:,}"],
             ["prompt tokens", f"{c.prompt_tokens:,}"],
@@ -379,6 +397,11 @@ def _totals(c: Counts, busy: float | None, k: int | None) -> str:
         rows += [["acceptance rate", md.pct(d["acceptance_rate"])],
                  ["mean acceptance length", md.num(d["mean_acceptance_length"], 2)],
                  ["acceptance by position", positions or "–"]]
+        if unknown_steps:
+            note += (f"\n\nThe mean acceptance length and acceptance by position leave out "
+                     f"{md.plural(unknown_steps, 'shard')} that drafted and accepted nothing, "
+                     "whose draft steps this stats.parquet (written before it recorded them) "
+                     "does not tell: they are too high.")
         if k is not None and len(c.accepted_per_position) > k:
             note += (f"\n\nPositions past k = {k}: n-gram lookup drafts, of which a greedy "
                      "request alone in its step may take more than k (`--draft-ngram-tokens`).")

@@ -137,7 +137,7 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
                      f"{config['draft_max_batch']} requests (`--draft-max-batch`, as `generate` "
                      f"does): larger steps of the k > 0 variants run without drafts")
     elif speculative:
-        lines.append("- the k > 0 variants draft at every batch size (`--draft-max-batch 0`, "
+        lines.append("- the k > 0 variants may draft at every batch size (`--draft-max-batch 0`, "
                      "bench's default); `generate` drafts only in steps of at most 4 requests "
                      "by default")
     if config.get("kv_cache_memory"):
@@ -198,7 +198,8 @@ def _g(value: Any) -> str:
 def _left_out(skipped: int) -> str:
     if not skipped:
         return "none left out"
-    return f"{skipped} left out: null, empty or too long for the model's context"
+    return (f"{skipped} left out: null, empty, malformed messages, or too long for the model's "
+            "context")
 
 
 def _confidence(config: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -364,7 +365,7 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
         parts.append("With the drafter over without it (same batch size):\n\n" + md.table(
             ["batch", *[f"k={k}" for k in ks]],
             [[str(b), *[ratio_cell(summaries, (b, ENGINE, k), (b, ENGINE, 0)) for k in ks]]
-             for b in sizes]))
+             for b in sizes]) + _undrafted(summaries, sizes, ks))
     ceilings = ceiling_ks(summaries)
     if ceilings and 0 in engine_ks(summaries):
         parts.append("Ceiling: perfect drafts over k=0 (every draft accepted, drafting cost "
@@ -384,6 +385,21 @@ def _ratios(summaries: dict[Key, Summary]) -> str:
                 if with_hf else [])]
              for b, s in best]))
     return "\n\n".join(parts) if len(parts) > 1 else ""
+
+
+def _undrafted(summaries: dict[Key, Summary], sizes: list[int], ks: list[int]) -> str:
+    """A note naming the k > 0 variants none of whose runs drafted a token (every draft cut
+    below the confidence, steps larger than --draft-max-batch, no token left to draft): their
+    ratios measure keeping the drafter, not drafting."""
+    idle = [f"batch {b} k={k}" for b in sizes for k in ks
+            if (s := summaries.get((b, ENGINE, k))) is not None
+            and not any(r.get("drafted") for r in s.runs)]
+    if not idle:
+        return ""
+    return (f"\n\nNothing was drafted at {', '.join(idle)} (drafts cut below the confidence, "
+            "steps larger than `--draft-max-batch`, or no token left to draft): "
+            + ("that ratio measures" if len(idle) == 1 else "those ratios measure")
+            + " keeping the drafter, not drafting.")
 
 
 def _best_vs_k0(summaries: dict[Key, Summary], batch_size: int, k: int) -> str:
@@ -453,7 +469,7 @@ def _bandwidth(summaries: dict[Key, Summary], meta: dict[str, Any]) -> str:
 
 
 _NOT_DRAWN = {"throughput": "no runs", "speedup": "it needs runs at k = 0 and at some k > 0",
-              "acceptance": "no run with a drafter"}
+              "acceptance": "no run drafted a token"}
 
 
 def _plots(drawn: dict[str, Any]) -> str:

@@ -41,15 +41,15 @@ def test_stats_parquet_has_one_row_per_shard_in_shard_order(tmp_path: Path) -> N
         ("shard_id", pa.int32()), ("rows", pa.int64()), ("errors", pa.int64()),
         ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
         ("wall_seconds", pa.float64()), ("output_tokens_per_s", pa.float64()),
-        ("drafted", pa.int64()), ("accepted", pa.int64()), ("acceptance_rate", pa.float64()),
-        ("mean_acceptance_length", pa.float64()),
+        ("drafted", pa.int64()), ("accepted", pa.int64()), ("draft_steps", pa.int64()),
+        ("acceptance_rate", pa.float64()), ("mean_acceptance_length", pa.float64()),
         ("per_position_acceptance", pa.list_(pa.float64())),
         ("committed_at", pa.timestamp("ms", tz="UTC"))]
     rows = table.to_pylist()
     assert [r["shard_id"] for r in rows] == [1, 3]
     assert rows[1] == {"shard_id": 3, "rows": 4, "errors": 1, "prompt_tokens": 40,
                        "completion_tokens": 30, "wall_seconds": 2.0, "output_tokens_per_s": 15.0,
-                       "drafted": 12, "accepted": 6, "acceptance_rate": 0.5,
+                       "drafted": 12, "accepted": 6, "draft_steps": 4, "acceptance_rate": 0.5,
                        "mean_acceptance_length": 2.5,
                        "per_position_acceptance": [0.75, 0.5, 0.25],
                        "committed_at": datetime.datetime(2025, 12, 6, 5, 48, 43, 457000,

@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from click.testing import CliRunner
 from matplotlib.image import imread
 
@@ -258,7 +259,7 @@ def test_a_damaged_stats_file_without_a_manifest_is_a_user_error(tmp_path: Path)
     code, _, stderr = _report(str(job))
     assert code == 2
     assert stderr.startswith(f"error: {stats}: cannot read it as Parquet (")
-    assert stderr.endswith("and there is no manifest.json to report from\n")
+    assert stderr.endswith("and there is no readable manifest.json to report from\n")
     write_parquet(stats, {"shard_id": [0], "rows": [3]})
     code, _, stderr = _report(str(job))
     assert code == 2
@@ -286,6 +287,26 @@ def test_without_a_manifest_the_counts_come_back_from_stats_parquet(tmp_path: Pa
     assert "| acceptance by position | 60.0% 20.0% |" in report
     assert (tmp_path / PLOTS["acceptance"]).read_bytes()[:8] == PNG_SIGNATURE
     assert "does not list" not in report
+    # a shard that drafted and accepted nothing: its draft steps are in stats.parquet's own
+    # column (before it, the report rebuilt them from the mean acceptance length, which such a
+    # shard does not tell, and gave 1.80 and 60.0% 20.0% for the job below)
+    shards[3] = Counts(rows=2, completion_tokens=20, wall_seconds=1.0, drafted=20, accepted=0,
+                       draft_steps=10, accepted_per_position=[0, 0])
+    write_stats(str(tmp_path), shards)
+    assert _shards(None, tmp_path / "stats.parquet") == (shards, {})
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| mean acceptance length | 1.48 |" in report  # 1 + 12 / 25
+    assert "| acceptance by position | 36.0% 12.0% |" in report
+    # a stats.parquet written before that column: said, not passed off as the job's figures
+    table = pq.read_table(tmp_path / "stats.parquet")
+    pq.write_table(table.drop_columns(["draft_steps"]), tmp_path / "stats.parquet")
+    assert _report(str(tmp_path))[0] == 0
+    report = " ".join((tmp_path / "report.md").read_text().split())
+    assert "| mean acceptance length | 1.80 |" in report
+    assert ("The mean acceptance length and acceptance by position leave out 1 shard that "
+            "drafted and accepted nothing, whose draft steps this stats.parquet (written before "
+            "it recorded them) does not tell: they are too high.") in report
     # part files of shards that stats.parquet does not list (written after its last save) are
     # named, not counted; Spark's part-00000-<uuid> names are not a job's
     for name in ("part-00002.parquet", "part-00001.parquet", "part-00007.parquet",

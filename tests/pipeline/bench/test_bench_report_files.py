@@ -135,6 +135,8 @@ def test_a_job_report_with_a_damaged_manifest_comes_from_stats_parquet(tmp_path:
     assert stderr.startswith(f"{job / 'manifest.json'} is damaged (")
     assert stderr.endswith("); reporting from stats.parquet alone\n")
     assert "| rows | 4 |" in (job / "report.md").read_text()
+    assert "- a damaged manifest.json: figures come from stats.parquet only" in (
+        job / "report.md").read_text()
     (job / "stats.parquet").unlink()
     code, _, stderr = _report(str(job))
     assert code == 2 and stderr.endswith("), and there is no stats.parquet to report from\n")

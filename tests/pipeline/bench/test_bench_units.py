@@ -117,6 +117,21 @@ def test_medians_ratios_and_best_k() -> None:
     assert best_k(summaries, 1).k == 3 and best_k(summaries, 8).k == 0  # type: ignore[union-attr]
 
 
+def test_variants_that_drafted_nothing_are_named_under_the_ratios() -> None:
+    """Found by a reviewer: with every draft cut below the confidence at batch 8, the ratios
+    read as the drafter's without a word."""
+    from pipeline.bench.report import _ratios  # noqa: PLC0415
+
+    rows = [_row(1, "engine", 0, 10.0, repeat=0), _row(1, "engine", 2, 15.0, repeat=0, drafted=8),
+            _row(1, "engine", 1, 12.0, repeat=0, drafted=3), _row(8, "engine", 0, 40.0, repeat=0),
+            _row(8, "engine", 2, 30.0, repeat=0), _row(8, "engine", 1, 35.0, repeat=0)]
+    text = " ".join(_ratios(summarize(rows)).split())
+    assert ("Nothing was drafted at batch 8 k=1, batch 8 k=2 (drafts cut below the confidence, "
+            "steps larger than `--draft-max-batch`, or no token left to draft): those ratios "
+            "measure keeping the drafter, not drafting.") in text
+    assert "Nothing was drafted" not in _ratios(summarize(rows[:3]))
+
+
 def test_round_ratios_pair_runs_of_the_same_round() -> None:
     rows = [_row(1, "engine", 0, 10.0, repeat=0), _row(1, "engine", 3, 18.0, repeat=0),
             _row(1, "engine", 0, 14.0, repeat=1), _row(1, "engine", 3, 14.0, repeat=1),
@@ -234,8 +249,8 @@ def test_a_random_drafter_is_named_and_its_acceptance_called_meaningless() -> No
             "config": {"batch_sizes": [1], "ks": [0, 2], "repeats": 1,
                        "draft_confidence": 0.0}}
     header = _header(meta, [1])
-    assert "- 1 prompt (5..5 tokens, median 5; 2 left out: null, empty or too long for the " \
-           "model's context)" in header
+    assert "- 1 prompt (5..5 tokens, median 5; 2 left out: null, empty, malformed messages, or " \
+           "too long for the model's context)" in header
     assert "1 torch thread," in header
     assert ("drafts never cut by the drafter's confidence (a random drafter's confidence means "
             "nothing: k drafts every step)") in header
@@ -338,7 +353,7 @@ def test_the_header_states_the_settings_that_change_the_figures() -> None:
     assert ("- 1 request gets fewer than 3000 new tokens: the prompt leaves less room in the "
             "model's context of 2048 tokens") in header
     assert "- no transformers baseline (`--baseline none`): engine variants only" in header
-    assert ("- the k > 0 variants draft at every batch size (`--draft-max-batch 0`, bench's "
+    assert ("- the k > 0 variants may draft at every batch size (`--draft-max-batch 0`, bench's "
             "default)") in header
     assert ("- KV cache: 3 MiB per engine (`--kv-cache-memory`); the drafter's layers take their "
             "share of it, so the k > 0 variants hold fewer of the target's blocks") in header
