@@ -11,7 +11,13 @@ from runtime.config import EngineConfig
 from runtime.cpu_gemm import keep_step_buffers, return_freed_memory
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv.manager import KVCacheManager
-from runtime.loader import eos_token_ids, load_model_config, load_tokenizer, resolve_model
+from runtime.loader import (
+    eos_token_ids,
+    load_model_config,
+    load_tokenizer,
+    resolve_model,
+    unapplied_generation_config,
+)
 from runtime.model import CausalLM, layer_windows
 from runtime.model_runner import ModelRunner, RunnerOutput
 from runtime.request import Completion, GenerationRequest
@@ -32,7 +38,7 @@ class Engine:
     """Built once per job from a frozen EngineConfig.
 
     Attributes the pipeline uses: tokenizer (chat_template set when the model has one),
-    eos_token_ids, max_model_len, model_name, drafter_name.
+    eos_token_ids, max_model_len, model_name, drafter_name, unapplied_generation_config.
     """
 
     def __init__(self, config: EngineConfig, target: CausalLM | None = None) -> None:
@@ -49,6 +55,7 @@ class Engine:
         self.hf_config = load_model_config(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         self.eos_token_ids = eos_token_ids(model_dir, self.tokenizer)
+        self.unapplied_generation_config = unapplied_generation_config(model_dir)
         self.max_model_len = config.max_model_len or self.hf_config.max_position_embeddings
         k = config.draft_width  # drafts verified per request and step, at most
         positions = self.max_model_len + 2 * k + 2

@@ -133,6 +133,30 @@ def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozen
     return frozenset(ids)
 
 
+# generation_config.json fields that change even greedy tokens in transformers' generate, and
+# the value at which they do nothing; the engine applies none of them
+_UNAPPLIED_GENERATION = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+                         "min_new_tokens": None, "min_length": 0, "suppress_tokens": None,
+                         "begin_suppress_tokens": None, "bad_words_ids": None,
+                         "sequence_bias": None, "forced_bos_token_id": None,
+                         "forced_eos_token_id": None, "num_beams": 1}
+
+
+def unapplied_generation_config(model_dir: Path) -> list[str]:
+    """The fields of generation_config.json, as 'name value', that transformers' generate
+    applies and the engine does not (a repetition penalty, say): its sampling defaults
+    (temperature, top_p, top_k) are not taken either, the job's options are."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(fields, dict):
+        return []
+    return [f"{name} {fields[name]}" for name, idle in _UNAPPLIED_GENERATION.items()
+            if fields.get(name, idle) not in (idle, [], {})]
+
+
 def _as_ids(value: int | list[int] | None) -> set[int]:
     if value is None:
         return set()

@@ -26,6 +26,7 @@ class EngineLike(Protocol):
     eos_token_ids: frozenset[int]
     max_model_len: int
     model_name: str
+    unapplied_generation_config: list[str]
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_step: Callable[[int], None] | None = None) -> Iterator[Completion]: ...

@@ -373,6 +373,26 @@ def test_a_model_without_a_chat_template_says_prompts_are_raw_text(
     assert "chat template" not in with_template.stderr
 
 
+def test_generation_config_fields_the_engine_does_not_apply_are_named(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Found by a reviewer: transformers' greedy generate applies a checkpoint's repetition
+    penalty (Qwen2.5-Instruct ships 1.05), the engine does not, and nothing said so."""
+    model = tmp_path / "penalised"
+    shutil.copytree(tiny_model_dir, model)
+    fields = json.loads((model / "generation_config.json").read_text())
+    fields.update(repetition_penalty=1.05, no_repeat_ngram_size=0, temperature=0.7,
+                  suppress_tokens=[5, 6])
+    (model / "generation_config.json").write_text(json.dumps(fields))
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["Paris is"]})
+    result = _generate(model, inputs, tmp_path / "out", "--max-tokens", "2")
+    assert result.exit_code == 0, result.output
+    assert (f"note: the generation_config.json of {model} sets repetition_penalty 1.05, "
+            "suppress_tokens [5, 6], which transformers' generate applies and eaglebatch does "
+            "not\n") in result.stderr
+    plain = _generate(tiny_model_dir, inputs, tmp_path / "out2", "--max-tokens", "2")
+    assert "generation_config" not in plain.stderr
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_once_success_is_written_leaves_exit_0(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
