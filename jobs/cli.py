@@ -166,6 +166,11 @@ def main() -> None:
 @click.option("--kv-cache-memory", default=None, callback=memory_size,
               help="Memory for the paged KV cache, e.g. 2GiB or 512MiB (default: 1 GiB on CPU, "
                    "a fraction of free memory on GPU).")
+@click.option("--max-model-len", default=None, type=click.IntRange(2),
+              help="Longest a request may grow, prompt and completion together (a longer "
+                   "prompt is an error row; --max-tokens is clamped to fit). Default: the "
+                   "model's context, its max_position_embeddings or, with yarn RoPE scaling "
+                   "over that same original context, that times the factor.")
 @click.option("--max-num-batched-tokens", default=EngineConfig.max_num_batched_tokens,
               show_default=True, type=click.IntRange(1),
               help="Token budget of one engine step (prefill chunks + decode tokens).")
@@ -299,7 +304,7 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         draft_ngram_tokens=o["draft_ngram_tokens"],
         attention_backend=o["attention_backend"], cuda_graphs=o["cuda_graphs"],
         dtype=o["dtype"], device=o["device"], kv_cache_memory=o["kv_cache_memory"],
-        max_num_batched_tokens=o["max_num_batched_tokens"],
+        max_num_batched_tokens=o["max_num_batched_tokens"], max_model_len=o["max_model_len"],
         max_num_seqs=o["max_num_seqs"], block_size=o["block_size"], num_threads=o["threads"])
     return JobConfig(
         input=o["input"], output_dir=o["output_dir"], prompt_column=o["prompt_column"],

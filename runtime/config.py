@@ -128,7 +128,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_model_len: int | None = None  # None: the model's context (runtime.rope.context_length)
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto | torch | cpu | flash
     drafter: str | None = None

@@ -21,6 +21,7 @@ from runtime.loader import (
 from runtime.model import CausalLM, layer_windows
 from runtime.model_runner import ModelRunner, RunnerOutput
 from runtime.request import Completion, GenerationRequest
+from runtime.rope import context_length
 from runtime.scheduler import Scheduler, SchedulerOutput
 from runtime.sequence import Sequence
 from runtime.setup import (
@@ -56,7 +57,7 @@ class Engine:
         self.tokenizer = load_tokenizer(model_dir)
         self.eos_token_ids = eos_token_ids(model_dir, self.tokenizer)
         self.unapplied_generation_config = unapplied_generation_config(model_dir)
-        self.max_model_len = config.max_model_len or self.hf_config.max_position_embeddings
+        self.max_model_len = config.max_model_len or context_length(self.hf_config)
         k = config.draft_width  # drafts verified per request and step, at most
         positions = self.max_model_len + 2 * k + 2
         if target is None:

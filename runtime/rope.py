@@ -22,6 +22,18 @@ def rope_parameters(config: PretrainedConfig) -> dict:
     return params
 
 
+def context_length(config: PretrainedConfig) -> int:
+    """The model's context: max_position_embeddings, but with yarn scaling whose original
+    context is that same number (how Qwen2.5's model cards turn it on), the original context
+    times the factor, as vLLM derives it."""
+    length = int(config.max_position_embeddings)
+    params = rope_parameters(config)
+    original = params.get("original_max_position_embeddings")
+    if params["rope_type"] == "yarn" and original and int(original) == length:
+        return int(length * float(params.get("factor", 1.0)))
+    return length
+
+
 def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
     """([head_dim // 2] float32 inverse frequencies, attention scaling)."""
     rope_type = rope_parameters(config)["rope_type"]

@@ -63,6 +63,7 @@ from runtime.cpu_gemm import q4_weight_count, return_freed_memory
 from runtime.engine import Engine
 from runtime.huge_pages import huge_pages_available
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
+from runtime.rope import context_length
 from runtime.setup import Placement, place
 
 METADATA_KEY = b"eaglebatch.bench"
@@ -120,7 +121,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
             base = replace(base, draft_confidence=0.0)
             config = replace(config, draft_confidence=0.0)
         tokenizer = load_tokenizer(models.model_dir)
-        max_model_len = load_model_config(models.model_dir).max_position_embeddings
+        max_model_len = context_length(load_model_config(models.model_dir))
         workload = build_workload(prompts, config.prompt_column, config.messages_column,
                                   tokenizer, max_model_len, config.max_tokens,
                                   config.chat_template, config.ignore_eos or models.random)

@@ -393,6 +393,19 @@ def test_generation_config_fields_the_engine_does_not_apply_are_named(
     assert "generation_config" not in plain.stderr
 
 
+def test_max_model_len_clamps_rows_to_the_context_it_sets(tmp_path: Path,
+                                                          tiny_model_dir: Path) -> None:
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["Paris is", "word " * 30]})
+    result = _generate(tiny_model_dir, inputs, tmp_path / "out", "--max-tokens", "40",
+                       "--max-model-len", "24", "--no-chat-template")
+    assert result.exit_code == 0, result.output
+    rows = pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pylist()
+    assert rows[0]["max_tokens_clamped"] is True and rows[0]["error"] is None
+    assert rows[0]["prompt_tokens"] + rows[0]["completion_tokens"] <= 24
+    assert rows[1]["finish_reason"] == "error"
+    assert "the model's context is 24 tokens" in rows[1]["error"]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_once_success_is_written_leaves_exit_0(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:

@@ -143,6 +143,35 @@ def test_a_llama_config_carrying_a_sliding_window_attends_to_everything(tmp_path
     assert list(done[0].token_ids) == expected
 
 
+def test_yarn_over_the_whole_context_extends_it_by_its_factor(tmp_path: Path) -> None:
+    """Found by a reviewer: yarn turned on as Qwen2.5's model cards say (original context =
+    max_position_embeddings, factor 4) kept the context at max_position_embeddings, where vLLM
+    gives original x factor; prompts past it were error rows."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from tests.fixtures import make_tiny_checkpoint  # noqa: PLC0415
+
+    model_dir = make_tiny_checkpoint(tmp_path / "yarn", arch="qwen2", max_position_embeddings=48,
+                                     rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                   "original_max_position_embeddings": 48})
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompt = [(11 * i) % 250 + 4 for i in range(100)]
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20))
+    assert engine.max_model_len == 192
+    done = list(engine.generate([GenerationRequest("0", tuple(prompt), SamplingParams(
+        max_tokens=8, ignore_eos=True))]))
+    assert (done[0].error, list(done[0].token_ids)) == (None, expected)
+    # --max-model-len sets it either way
+    short = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
+                                max_model_len=64))
+    done = list(short.generate([GenerationRequest("0", tuple(prompt), SamplingParams(
+        max_tokens=8, ignore_eos=True))]))
+    assert done[0].error == ("prompt has 100 tokens; the model's context is 64 tokens and at "
+                             "least one must be left to generate")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"hidden_act": "gelu_pytorch_tanh"},
      "the model's hidden_act 'gelu_pytorch_tanh' is not supported (supported: silu)"),
