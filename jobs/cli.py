@@ -169,8 +169,9 @@ def main() -> None:
 @click.option("--max-model-len", default=None, type=click.IntRange(2),
               help="Longest a request may grow, prompt and completion together (a longer "
                    "prompt is an error row; --max-tokens is clamped to fit). Default: the "
-                   "model's context, its max_position_embeddings or, with yarn RoPE scaling "
-                   "over that same original context, that times the factor.")
+                   "model's context as vLLM derives it: max_position_embeddings (times a "
+                   "linear RoPE scaling's factor), or a yarn scaling's original context times "
+                   "its factor.")
 @click.option("--max-num-batched-tokens", default=EngineConfig.max_num_batched_tokens,
               show_default=True, type=click.IntRange(1),
               help="Token budget of one engine step (prefill chunks + decode tokens).")

@@ -299,6 +299,10 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
     if config.messages_column is None and config.chat_template and not has_template:
         print(f"note: the tokenizer of {engine.model_name} has no chat template: prompts are "
               "tokenized as raw text, as with --no-chat-template", file=sys.stderr)
+    if engine.max_model_len > engine.model_context:
+        print(f"note: --max-model-len {engine.max_model_len} is past the context of "
+              f"{engine.model_name} ({engine.model_context} tokens): positions beyond it are "
+              "ones the model was not trained on", file=sys.stderr)
     if engine.unapplied_generation_config:
         print(f"note: the generation_config.json of {engine.model_name} sets "
               f"{', '.join(engine.unapplied_generation_config)}, which transformers' generate "

@@ -39,7 +39,8 @@ class Engine:
     """Built once per job from a frozen EngineConfig.
 
     Attributes the pipeline uses: tokenizer (chat_template set when the model has one),
-    eos_token_ids, max_model_len, model_name, drafter_name, unapplied_generation_config.
+    eos_token_ids, max_model_len (model_context unless set), model_name, drafter_name,
+    unapplied_generation_config.
     """
 
     def __init__(self, config: EngineConfig, target: CausalLM | None = None) -> None:
@@ -57,7 +58,8 @@ class Engine:
         self.tokenizer = load_tokenizer(model_dir)
         self.eos_token_ids = eos_token_ids(model_dir, self.tokenizer)
         self.unapplied_generation_config = unapplied_generation_config(model_dir)
-        self.max_model_len = config.max_model_len or context_length(self.hf_config)
+        self.model_context = context_length(self.hf_config)
+        self.max_model_len = config.max_model_len or self.model_context
         k = config.draft_width  # drafts verified per request and step, at most
         positions = self.max_model_len + 2 * k + 2
         if target is None:

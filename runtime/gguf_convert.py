@@ -119,8 +119,10 @@ def write_checkpoint(gguf_path: Path, out_dir: Path) -> None:
                                   config.num_key_value_heads, permute_qk)
     scaling = rope_scaling(reader, meta.architecture, gguf_path)
     rope_freqs = tensors.pop(ROPE_FREQS, None)
-    if rope_freqs is not None:
-        scaling = _llama3_scaling(rope_freqs, config, gguf_path) if scaling is None else scaling
+    if rope_freqs is not None and scaling is None:
+        scaling = _llama3_scaling(rope_freqs, config, gguf_path)
+        if scaling is None:  # not Llama 3's, or not told apart: llama.cpp's divisors as they are
+            config.rope_freq_divisors = [float(d) for d in rope_freqs.flatten()]
     if scaling is not None:
         theta = (config.rope_parameters or {}).get("rope_theta", 10000.0)
         config.rope_parameters = {"rope_theta": theta, **scaling}
@@ -170,22 +172,23 @@ def rope_scaling(reader: gguf.GGUFReader, arch: str, gguf_path: Path) -> dict | 
                      "supported (supported: linear, yarn, and Llama 3's rope_freqs)")
 
 
-def _llama3_scaling(divisors: torch.Tensor, config: PretrainedConfig, gguf_path: Path) -> dict:
+def _llama3_scaling(divisors: torch.Tensor, config: PretrainedConfig,
+                    gguf_path: Path) -> dict | None:
     """Llama 3's rope_parameters from llama.cpp's per-frequency divisors (inverse frequency i is
     base_i / divisors[i]): 1 for short wavelengths, `factor` for long ones, and between them
-    1 / ((1 - s) / factor + s) with s = (original / wavelength - low) / (high - low). Those with
-    low_freq_factor 1 (every Llama 3 release's) are solved for; the result is checked by
-    recomputing the divisors, and a file they do not fit is refused."""
+    1 / ((1 - s) / factor + s) with s = (original / wavelength - low) / (high - low). They are
+    solved for with low_freq_factor 1 (every Llama 3 release's; any other gives the same
+    frequencies with original and high scaled alike) and checked by recomputing the divisors;
+    None where they do not give them back (the caller keeps the divisors themselves)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415
 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     theta = (config.rope_parameters or {}).get("rope_theta", 10000.0)
     base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).double() / head_dim))
     divisors = divisors.double().flatten()
-    refused = ValueError(f"{gguf_path}: {ROPE_FREQS} holds per-frequency RoPE factors that are not "
-                         "Llama 3's scaling; they are not supported")
     if divisors.shape != base.shape:
-        raise refused
+        raise ValueError(f"{gguf_path}: {ROPE_FREQS} has {divisors.numel()} values for "
+                         f"{base.numel()} rotary frequencies")
     factor = round(float(divisors.max()), 4)
     if factor <= 1.0:
         return {"rope_type": "default"}
@@ -198,7 +201,7 @@ def _llama3_scaling(divisors: torch.Tensor, config: PretrainedConfig, gguf_path:
         slope = float((s[-1] - s[0]) / (x[-1] - x[0]))
         intercept = float(s[0] - slope * x[0])
         if intercept >= 0:
-            raise refused
+            return None
         high = round(low - 1 / intercept, 4)  # 4.0, not 3.99999999 (the check below holds)
         original = round(slope * (high - low))
     elif len(s) == 1:
@@ -211,7 +214,7 @@ def _llama3_scaling(divisors: torch.Tensor, config: PretrainedConfig, gguf_path:
     check.rope_parameters = {"rope_theta": theta, **params}
     inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](check, torch.device("cpu"))
     if not torch.allclose(base.float() / divisors.float(), inv_freq.float(), rtol=1e-4, atol=0):
-        raise refused
+        return None
     return params
 
 

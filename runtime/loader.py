@@ -136,10 +136,11 @@ def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozen
 # generation_config.json fields that change even greedy tokens in transformers' generate, and
 # the value at which they do nothing; the engine applies none of them
 _UNAPPLIED_GENERATION = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-                         "min_new_tokens": None, "min_length": 0, "suppress_tokens": None,
+                         "min_new_tokens": 0, "min_length": 0, "suppress_tokens": None,
                          "begin_suppress_tokens": None, "bad_words_ids": None,
                          "sequence_bias": None, "forced_bos_token_id": None,
-                         "forced_eos_token_id": None, "num_beams": 1}
+                         "forced_eos_token_id": None, "num_beams": 1,
+                         "exponential_decay_length_penalty": None}
 
 
 def unapplied_generation_config(model_dir: Path) -> list[str]:
@@ -154,7 +155,7 @@ def unapplied_generation_config(model_dir: Path) -> list[str]:
     if not isinstance(fields, dict):
         return []
     return [f"{name} {fields[name]}" for name, idle in _UNAPPLIED_GENERATION.items()
-            if fields.get(name, idle) not in (idle, [], {})]
+            if fields.get(name) not in (None, idle, [], {})]  # a full dump writes null for unset
 
 
 def _as_ids(value: int | list[int] | None) -> set[int]:

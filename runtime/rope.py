@@ -23,14 +23,16 @@ def rope_parameters(config: PretrainedConfig) -> dict:
 
 
 def context_length(config: PretrainedConfig) -> int:
-    """The model's context: max_position_embeddings, but with yarn scaling whose original
-    context is that same number (how Qwen2.5's model cards turn it on), the original context
-    times the factor, as vLLM derives it."""
+    """The model's context, as vLLM derives it: max_position_embeddings, times the factor of
+    linear scaling; with yarn scaling, its original context times its factor (Qwen2.5's and
+    Qwen3's model cards turn yarn on over the original context)."""
     length = int(config.max_position_embeddings)
     params = rope_parameters(config)
-    original = params.get("original_max_position_embeddings")
-    if params["rope_type"] == "yarn" and original and int(original) == length:
-        return int(length * float(params.get("factor", 1.0)))
+    factor = float(params.get("factor") or 1.0)
+    if params["rope_type"] == "yarn":
+        return int(int(params.get("original_max_position_embeddings") or length) * factor)
+    if params["rope_type"] == "linear":
+        return int(length * factor)
     return length
 
 
@@ -43,7 +45,15 @@ def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.
     if rope_type == "default":
         theta = rope_parameters(config).get("rope_theta", getattr(config, "rope_theta", 10000.0))
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        return 1.0 / (theta**exponent), 1.0
+        inv_freq = 1.0 / (theta**exponent)
+        # a GGUF's per-frequency divisors (llama.cpp's rope_freqs) other than Llama 3's scaling
+        divisors = getattr(config, "rope_freq_divisors", None)
+        if divisors is not None:
+            if len(divisors) != len(inv_freq):
+                raise ValueError(f"rope_freq_divisors has {len(divisors)} values for "
+                                 f"{len(inv_freq)} rotary frequencies")
+            inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float32)
+        return inv_freq, 1.0
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scaling)
 

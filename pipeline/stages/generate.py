@@ -25,6 +25,7 @@ class EngineLike(Protocol):
     tokenizer: Any
     eos_token_ids: frozenset[int]
     max_model_len: int
+    model_context: int  # the model's own context, which max_model_len may exceed
     model_name: str
     unapplied_generation_config: list[str]
 

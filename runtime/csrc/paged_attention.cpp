@@ -56,7 +56,7 @@
 #include <utility>
 #include <vector>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -75,6 +75,18 @@ inline float dot(const float* a, const float* b, int64_t n) {
     for (int64_t d = 0; d < n; d += kLanes)
       acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
     return _mm512_reduce_add_ps(acc);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if (n % kLanes == 0) {  // lanes 0-7 and 8-15 in two registers, then the tree below: 8, 4, 2, 1
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int64_t d = 0; d < n; d += kLanes) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), hi);
+    }
+    const __m256 v = _mm256_add_ps(lo, hi);
+    __m128 w = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    w = _mm_add_ps(w, _mm_movehl_ps(w, w));
+    return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));
   }
 #endif
   float acc[kLanes] = {0.f};

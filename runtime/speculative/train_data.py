@@ -56,18 +56,27 @@ class PackedShard(NamedTuple):
 Prompt = str | tuple[dict[str, Any], ...]
 
 
-def render_prompts(prompts: Sequence[Prompt], tokenizer: Any) -> list[list[int]]:
+def render_prompts(prompts: Sequence[Prompt], tokenizer: Any) -> list[list[int] | str]:
     """Chat-templated token ids, exactly as the generate job's tokenize stage makes them (a
-    string is one user message; raw text where the tokenizer has no chat template)."""
+    string is one user message; raw text where the tokenizer has no chat template); where the
+    template refuses a chat (roles that do not alternate, say), why, as `generate` says it."""
     if not getattr(tokenizer, "chat_template", None):
         if any(not isinstance(p, str) for p in prompts):
             raise ValueError("--messages-column: the target's tokenizer has no chat template to "
                              "render chats with")
         return [list(ids) for ids in tokenizer(list(prompts))["input_ids"]]
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str)
-                                           else list(p), tokenize=False,
-                                           add_generation_prompt=True) for p in prompts]
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    texts: list[str] = []
+    rendered: list[int | str] = []  # an index into texts, or the template's error
+    for p in prompts:
+        try:
+            texts.append(tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}] if isinstance(p, str) else list(p),
+                tokenize=False, add_generation_prompt=True))
+            rendered.append(len(texts) - 1)
+        except Exception as exc:  # the template is the model's code: any failure is the chat's
+            rendered.append(f"chat template failed: {' '.join(str(exc).split())[:200]}")
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [list(ids[r]) if isinstance(r, int) else r for r in rendered]
 
 
 def answer_plan(ids: Sequence[str], samples: int = 0,
@@ -97,12 +106,13 @@ def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: S
     needed = sorted({n for _, n, _ in todo})
     rendered = dict(zip(needed, render_prompts([prompts[n] for n in needed], engine.tokenizer),
                         strict=True))
+    failed: list[str] = [f"{i}: {rendered[n]}" for i, n, _ in todo  # refused by the template
+                         if isinstance(rendered[n], str)]
     greedy = SamplingParams(max_tokens=max_answer_tokens)
-    requests = (GenerationRequest(i, tuple(rendered[n]), greedy if seed is None else
+    requests = (GenerationRequest(i, tuple(tokens), greedy if seed is None else
                                   SamplingParams(max_tokens=max_answer_tokens,
                                                  temperature=temperature, seed=seed))
-                for i, n, seed in todo)
-    failed: list[str] = []  # prompts too long for the context, say
+                for i, n, seed in todo if not isinstance(tokens := rendered[n], str))
     with path.open("a") as f:
         for c in engine.generate(requests):
             if c.finish_reason == "error" or not c.token_ids:

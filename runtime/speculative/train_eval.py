@@ -43,7 +43,8 @@ class EvalResult(NamedTuple):
 def evaluate(model: str, drafter: Path, prompts: Sequence[Prompt], k: int, max_tokens: int,
              dtype: str = "float32", max_model_len: int = 2048) -> EvalResult:
     """Greedy generation with our engine and the drafter; acceptance as vLLM reports it. A
-    prompt the engine cannot run (too long for max_model_len) is not counted; an answer stops
+    prompt the engine cannot run (too long for max_model_len, a chat its template refuses) is
+    not counted; an answer stops
     at the context's end, as in `generate`."""
     from runtime.engine import Engine  # noqa: PLC0415
 
@@ -55,7 +56,7 @@ def evaluate(model: str, drafter: Path, prompts: Sequence[Prompt], k: int, max_t
     per = [0] * k
     for c in engine.generate(GenerationRequest(str(i), tuple(t), SamplingParams(
             max_tokens=min(max_tokens, max(1, engine.max_model_len - len(t)))))
-                             for i, t in enumerate(ids)):
+                             for i, t in enumerate(ids) if not isinstance(t, str)):
         if c.finish_reason == "error":
             continue
         evaluated += 1

@@ -381,7 +381,7 @@ def test_generation_config_fields_the_engine_does_not_apply_are_named(
     shutil.copytree(tiny_model_dir, model)
     fields = json.loads((model / "generation_config.json").read_text())
     fields.update(repetition_penalty=1.05, no_repeat_ngram_size=0, temperature=0.7,
-                  suppress_tokens=[5, 6])
+                  suppress_tokens=[5, 6], min_new_tokens=0, num_beams=None, min_length=None)
     (model / "generation_config.json").write_text(json.dumps(fields))
     inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["Paris is"]})
     result = _generate(model, inputs, tmp_path / "out", "--max-tokens", "2")
@@ -404,6 +404,12 @@ def test_max_model_len_clamps_rows_to_the_context_it_sets(tmp_path: Path,
     assert rows[0]["prompt_tokens"] + rows[0]["completion_tokens"] <= 24
     assert rows[1]["finish_reason"] == "error"
     assert "the model's context is 24 tokens" in rows[1]["error"]
+    assert "past the context" not in result.stderr
+    longer = _generate(tiny_model_dir, inputs, tmp_path / "out2", "--max-tokens", "2",
+                       "--max-model-len", "600", "--no-chat-template")
+    assert longer.exit_code == 0, longer.output
+    assert (f"note: --max-model-len 600 is past the context of {tiny_model_dir} (512 tokens): "
+            "positions beyond it are ones the model was not trained on\n") in longer.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -247,6 +247,7 @@ class _SignalDuringShard:
         self.tokenizer, self.eos_token_ids = engine.tokenizer, engine.eos_token_ids
         self.max_model_len, self.model_name = engine.max_model_len, engine.model_name
         self.unapplied_generation_config = engine.unapplied_generation_config
+        self.model_context = engine.model_context
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_step: Callable[[int], None] | None = None) -> Iterator[Completion]:

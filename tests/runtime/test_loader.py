@@ -191,7 +191,11 @@ def test_gguf_file_converts_to_the_same_checkpoint(tmp_path: Path, cache: Path, 
      "original_max_position_embeddings": 64},
     {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 32, "rope_theta": 500000.0},
-], ids=["linear", "yarn", "llama3", "llama3-no-middle"])
+    # one wavelength (33) between the ends with high_freq_factor 2: not told from the
+    # divisors, which the converted checkpoint then keeps as they are
+    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+     "original_max_position_embeddings": 48, "rope_theta": 500000.0},
+], ids=["linear", "yarn", "llama3", "llama3-no-middle", "llama3-kept-divisors"])
 def test_gguf_rope_scaling_is_read_and_decodes_as_transformers(
         tmp_path: Path, cache: Path, scaling: dict) -> None:
     """Found by a reviewer: transformers' GGUF config reader drops llama.cpp's RoPE scaling
@@ -201,9 +205,14 @@ def test_gguf_rope_scaling_is_read_and_decodes_as_transformers(
                                     max_position_embeddings=256)
     model_dir = resolve_model(str(make_tiny_gguf(original, tmp_path / "scaled.gguf")))
     want = dict(load_model_config(original).rope_parameters)
-    got = dict(load_model_config(model_dir).rope_parameters)
-    assert got.pop("factor") == pytest.approx(want.pop("factor"), rel=1e-6)
-    assert {k: got[k] for k in want} == want
+    converted = load_model_config(model_dir)
+    got = dict(converted.rope_parameters)
+    if scaling.get("high_freq_factor") == 2.0:
+        assert got["rope_type"] == "default" and len(converted.rope_freq_divisors) == 8
+    else:
+        assert got.pop("factor") == pytest.approx(want.pop("factor"), rel=1e-6)
+        assert {k: got[k] for k in want} == want
+        assert getattr(converted, "rope_freq_divisors", None) is None
     reference = AutoModelForCausalLM.from_pretrained(original, dtype=torch.float32).eval()
     prompt = [(7 * i) % 250 + 4 for i in range(90)]  # beyond the original contexts
     expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
@@ -214,31 +223,35 @@ def test_gguf_rope_scaling_is_read_and_decodes_as_transformers(
     assert list(done[0].token_ids) == expected
 
 
-def test_gguf_rope_factors_that_are_not_llama3_scaling_are_refused(
+def test_gguf_rope_factors_that_are_not_llama3_scaling_are_kept_as_divisors(
         tmp_path: Path, cache: Path) -> None:
+    """llama.cpp divides each rotary frequency by its rope_freqs entry, whatever made them."""
     import gguf  # noqa: PLC0415
 
+    from runtime.rope import inverse_frequencies  # noqa: PLC0415
+
     original = make_tiny_checkpoint(tmp_path / "original")
-    path = make_tiny_gguf(original, tmp_path / "odd.gguf")
-    reader = gguf.GGUFReader(path)
+    reader = gguf.GGUFReader(make_tiny_gguf(original, tmp_path / "plain.gguf"))
     writer = gguf.GGUFWriter(tmp_path / "factors.gguf", "llama")
     for field in reader.fields.values():
         if field.name.startswith(("GGUF.", "general.architecture")):
             continue
-        value = field.contents()
         kind = field.types[0]
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, value, kind, sub_type=sub)
-    writer.add_tensor("rope_freqs.weight", np.array([1, 3, 2, 8, 8, 8, 8, 8], np.float32))
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    divisors = [1.0, 3.0, 2.0, 8.0, 8.0, 8.0, 8.0, 8.0]
+    writer.add_tensor("rope_freqs.weight", np.array(divisors, np.float32))
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, np.array(tensor.data))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"factors.gguf: rope_freqs.weight holds per-frequency "
-                                         r"RoPE factors that are not Llama 3's scaling"):
-        resolve_model(str(tmp_path / "factors.gguf"))
+    config = load_model_config(resolve_model(str(tmp_path / "factors.gguf")))
+    assert config.rope_freq_divisors == divisors
+    plain, _ = inverse_frequencies(load_model_config(original), 16)
+    got, scaling = inverse_frequencies(config, 16)
+    assert torch.equal(got, plain / torch.tensor(divisors)) and scaling == 1.0
 
 
 def test_failed_conversion_leaves_no_cache_entry(tmp_path: Path, cache: Path,

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
+from runtime.rope import context_length
 from runtime.speculative.loader import DrafterMismatchError
 from tests.drafter_fixtures import make_random_drafter
 from tests.fixtures import make_tiny_checkpoint, make_tiny_tokenizer
@@ -146,7 +147,8 @@ def test_a_llama_config_carrying_a_sliding_window_attends_to_everything(tmp_path
 def test_yarn_over_the_whole_context_extends_it_by_its_factor(tmp_path: Path) -> None:
     """Found by a reviewer: yarn turned on as Qwen2.5's model cards say (original context =
     max_position_embeddings, factor 4) kept the context at max_position_embeddings, where vLLM
-    gives original x factor; prompts past it were error rows."""
+    gives original x factor (Qwen3's cards: 40,960 positions over an original 32,768, factor
+    4: 131,072); prompts past it were error rows."""
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     from tests.fixtures import make_tiny_checkpoint  # noqa: PLC0415
@@ -163,6 +165,11 @@ def test_yarn_over_the_whole_context_extends_it_by_its_factor(tmp_path: Path) ->
     done = list(engine.generate([GenerationRequest("0", tuple(prompt), SamplingParams(
         max_tokens=8, ignore_eos=True))]))
     assert (done[0].error, list(done[0].token_ids)) == (None, expected)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["rope_parameters"]["original_max_position_embeddings"] = 40  # Qwen3's way
+    assert context_length(PretrainedConfig(**config)) == 160
+    config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert context_length(PretrainedConfig(**config)) == 96
     # --max-model-len sets it either way
     short = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20,
                                 max_model_len=64))

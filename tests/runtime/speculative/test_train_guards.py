@@ -291,3 +291,35 @@ def test_cli_trains_on_chats_of_a_messages_column(tiny_model_dir: Path, tmp_path
     assert (result.exit_code, result.stderr.splitlines()[-1]) == (
         2, "error: --messages-column: the target's tokenizer has no chat template to render "
            "chats with"), result.output
+
+
+def test_chats_the_chat_template_refuses_are_left_out_with_a_note(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Found by a reviewer: a chat the template raises on (a system message where roles must
+    alternate, as Mistral's templates say) gave a jinja2 traceback, before any answer, or after
+    training when it was among --eval-prompts, with no model card."""
+    model = tmp_path / "strict"
+    shutil.copytree(tiny_model_dir, model)
+    strict = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+              "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+              "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+              "{% if add_generation_prompt %}assistant:{% endif %}")
+    (model / "chat_template.jinja").write_text(strict)
+    chats = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+             [{"role": "user", "content": "Name a colour."}],
+             [{"role": "user", "content": "Count to three."}]]
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "chat": chats}), path)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(main, [
+        "train-drafter", "--model", str(model), "--out", str(out), "--max-steps", "1",
+        "--max-answer-tokens", "4", "--data-dtype", "float32", "--batch-tokens", "128",
+        "--prompts", str(path), "--messages-column", "chat", "--eval-prompts", str(path),
+        "--eval-max-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert ("note: 1 of 3 answers could not be made and are left out (prompt a: chat template "
+            "failed: Conversation roles must alternate)") in result.stderr
+    answers = [json.loads(line)["id"] for line in
+               (out / "data" / "answers.jsonl").read_text().splitlines()]
+    assert sorted(answers) == ["b", "c"]
+    assert "evaluation on 2 held-out prompts" in " ".join((out / "README.md").read_text().split())
