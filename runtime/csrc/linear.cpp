@@ -78,50 +78,61 @@ inline __m256 load8(const int8_t* w) {
 }
 
 // AVX2 has 16 vector registers of 8 floats: a tile's 64 columns in blocks small enough that
-// their accumulators stay in registers (1 row: all 8; 2-3 rows: 4; 4-6 rows: 2), one pass over
-// the panel each. Each output is still one FMA chain over c in order: the same bits as the
-// AVX-512 and portable code. (The portable loop kept the sums in memory: on an AVX2 CPU a
-// 3-row product cost ~1.5x a 1-row one, where reading the weights should bound both.)
+// their accumulators stay in registers (1 row: all 8; 2-3 rows: 4; 4-6 rows: 2). The panel goes
+// by spans of kSpan rows: the first block's pass over a span reads it from memory (fetching the
+// rest of each row), the other blocks' passes read it again from L1, and the sums wait in `out`
+// between spans. Each output is still one FMA chain over c in order: the same bits as the
+// AVX-512 and portable code. (The portable loop kept the sums in memory: on an AVX2 CPU a 3-row
+// product cost ~1.6x a 1-row one, where reading the weights should bound both.)
+constexpr int64_t kSpan = 32;  // panel rows a span: 8 KB of float32, in L1 for the later passes
+
 template <int Rows, typename W>
 void tile_avx2(const float* x, int64_t k, const W* panel, float (&out)[Rows][kPanel],
                const W* next, int64_t phase, int64_t every) {
   constexpr int kBlocks = Rows == 1 ? 8 : (Rows <= 3 ? 4 : 2);  // 8-float accumulators a row
   constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
-  constexpr int64_t passes = kPanel / (8 * kBlocks);
-  // `next`: a tile of several fetches its share in its first pass, as tile() does; a single
-  // tile of 4-6 rows (every == 1, 4 passes) in its later passes, which read L2 and leave memory
-  // idle (6 rows, 30 layers: 29.0 -> 24.4 ms; at 2-3 rows, 2 passes, it cost 17.7 -> 19.6 ms)
-  const bool later = every == 1 && passes > 2;
-  for (int64_t j0 = 0; j0 < kPanel; j0 += 8 * kBlocks) {
-    const int64_t pass = j0 / (8 * kBlocks);
-    int64_t countdown = phase + 1;
-    __m256 acc[Rows][kBlocks];
-    for (int m = 0; m < Rows; ++m)
-      for (int i = 0; i < kBlocks; ++i) acc[m][i] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < k; ++c) {
-      const W* w = panel + c * kPanel + j0;
-      // the first pass fetches the rest of each panel row into L2 for the later passes, so that
-      // memory streams the panel once, front to back (without it each pass streamed its own
-      // columns from memory: 3 rows cost 1.6x 1 row)
-      for (int64_t line = (sizeof(W) * 8 * kBlocks) / 64; j0 == 0 && line < lines; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(w) + 64 * line, _MM_HINT_T1);
-      if (next != nullptr && (later ? pass > 0 && c % (passes - 1) == pass - 1
-                                    : pass == 0 && --countdown == 0)) {
-        countdown = every;
-        for (int64_t line = 0; line < lines; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line,
-                       _MM_HINT_T1);
-      }
-      __m256 b[Rows];
-      for (int m = 0; m < Rows; ++m) b[m] = _mm256_set1_ps(x[m * k + c]);
+  constexpr int64_t used = (sizeof(W) * 8 * kBlocks) / 64;  // of them read by the first pass
+  int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
+  for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
+  for (int64_t c0 = 0; c0 < k; c0 += kSpan) {
+    const int64_t c1 = std::min(k, c0 + kSpan);
+    for (int64_t j0 = 0; j0 < kPanel; j0 += 8 * kBlocks) {
+      __m256 acc[Rows][kBlocks];
+      for (int m = 0; m < Rows; ++m)
+        for (int i = 0; i < kBlocks; ++i) acc[m][i] = _mm256_loadu_ps(out[m] + j0 + 8 * i);
+      for (int64_t c = c0; c < c1; ++c) {
+        const W* w = panel + c * kPanel + j0;
+        if (j0 == 0) {
+          for (int64_t line = used; line < lines; ++line)
+            _mm_prefetch(reinterpret_cast<const char*>(w) + 64 * line, _MM_HINT_T0);
+          if (next != nullptr && --countdown == 0) {
+            countdown = every;
+            for (int64_t line = 0; line < lines; ++line)
+              _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line,
+                           _MM_HINT_T1);
+          }
+        }
+        if constexpr (Rows <= 3) {  // Rows broadcasts, then a block's weights at a time
+          __m256 b[Rows];
+          for (int m = 0; m < Rows; ++m) b[m] = _mm256_set1_ps(x[m * k + c]);
 #pragma GCC unroll 8
-      for (int i = 0; i < kBlocks; ++i) {
-        const __m256 wv = load8(w + 8 * i);
-        for (int m = 0; m < Rows; ++m) acc[m][i] = _mm256_fmadd_ps(b[m], wv, acc[m][i]);
+          for (int i = 0; i < kBlocks; ++i) {
+            const __m256 wv = load8(w + 8 * i);
+            for (int m = 0; m < Rows; ++m) acc[m][i] = _mm256_fmadd_ps(b[m], wv, acc[m][i]);
+          }
+        } else {  // the 2 blocks' weights, then a row's broadcast at a time: 15 registers
+          const __m256 w0 = load8(w), w1 = load8(w + 8);
+#pragma GCC unroll 8
+          for (int m = 0; m < Rows; ++m) {
+            const __m256 b = _mm256_set1_ps(x[m * k + c]);
+            acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
+          }
+        }
       }
+      for (int m = 0; m < Rows; ++m)
+        for (int i = 0; i < kBlocks; ++i) _mm256_storeu_ps(out[m] + j0 + 8 * i, acc[m][i]);
     }
-    for (int m = 0; m < Rows; ++m)
-      for (int i = 0; i < kBlocks; ++i) _mm256_storeu_ps(out[m] + j0 + 8 * i, acc[m][i]);
   }
 }
 #endif
@@ -279,13 +290,8 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, i
         // share of its rows (tile t: rows t, t + count, ...), so memory streams while they
         // compute. A single tile streams its own panel from memory and fetches nothing else.
         const int64_t count = (last - first + kMaxRows - 1) / kMaxRows;
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-        const bool fetch_next = count > 1 || last - first >= 4;  // tile_avx2: 4 passes
-#else
-        const bool fetch_next = count > 1;
-#endif
         const W* next =
-            fetch_next && i + 1 < i1 && (i + 1) / groups != p ? panel + k * kPanel : nullptr;
+            count > 1 && i + 1 < i1 && (i + 1) / groups != p ? panel + k * kPanel : nullptr;
         for (int64_t m = first; m < last; m += kMaxRows) {
           const float* xm = xp + m * k;
           const int64_t ld = to.stride[p];
