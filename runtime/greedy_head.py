@@ -102,13 +102,18 @@ class ExactGreedyHead:
         # oneDNN's own packing of the bfloat16 copy: 1.4 / 2.5 ms at 8 / 64 rows against 3.0 /
         # 4.4 for a plain [hidden, vocab] matmul (2 threads, default model); the bound holds for
         # any summation order. The plain layout where this torch cannot pack.
+        # A CPU without bfloat16 instructions (AVX2) has neither: torch's bfloat16 matmul there
+        # is a scalar loop (a batch-16 job ran at 8 tokens/s), so its int8 copy picks the
+        # candidates at every row count.
+        self._int8_only = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
         bf16 = weight.bfloat16().contiguous()
         try:
             self._packed_bf16: torch.Tensor | None = torch.ops.mkldnn._reorder_linear_weight(
                 bf16, None)
         except (RuntimeError, AttributeError):
             self._packed_bf16 = None
-        self.weight_bf16_t = bf16.t().contiguous() if self._packed_bf16 is None else None
+        self.weight_bf16_t = (bf16.t().contiguous()
+                              if self._packed_bf16 is None and not self._int8_only else None)
         self.weight_norms = weight.float().norm(dim=1) * (1 + 2.0**-10)  # [vocab], rounded up
         # what small steps read every time: in huge pages, as the head's panels
         keep_in_huge_pages([*(self.dots or ()), self.panels_int8, self.scales, self.int8_factors,
@@ -171,6 +176,8 @@ class ExactGreedyHead:
 
     def _int8_rows(self) -> int:
         """Products of fewer rows than this take the int8 copy, others oneDNN's bfloat16 one."""
+        if self._int8_only:
+            return 1 << 62
         return DOTS_ROWS if self._dots_wide else ONEDNN_ROWS
 
     def _full(self, hidden: torch.Tensor) -> torch.Tensor:

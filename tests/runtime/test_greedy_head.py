@@ -79,6 +79,9 @@ def test_exact_head_equals_the_full_argmax(rows: int, kind: str,
     # an AVX2 CPU, which takes the plain matmul
     bf16_cpu = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     assert (exact._packed_bf16 is not None) == bf16_cpu
+    # without bfloat16 instructions the int8 copy picks the candidates at every row count
+    assert exact._int8_only == (not bf16_cpu)
+    assert exact._int8_rows() == (1 << 62 if not bf16_cpu else 1 if kind != "panels" else 10**9)
     if kind == "matmul":  # the plain bfloat16 matmul, where torch cannot pack
         exact._packed_bf16 = None
         exact.weight_bf16_t = head.weight.detach().bfloat16().t().contiguous()
