@@ -76,6 +76,15 @@ DOTS_ROWS = 48
 DOTS_MAX_INPUTS = 65536  # head_int8_dots' integer sums are exact up to this hidden size
 
 
+def _bf16_instructions() -> bool:
+    """Whether oneDNN runs bfloat16 products with vector instructions on this CPU (AVX-512 or
+    AMX; not AVX2, nor a torch built without oneDNN)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class ExactGreedyHead:
     """argmax(head(hidden)) for float32 rows, from a bfloat16 copy of the head's weight in
     oneDNN's packing (half the float32 head's memory), an int8 copy (a quarter: in panels, or
@@ -105,7 +114,7 @@ class ExactGreedyHead:
         # A CPU without bfloat16 instructions (AVX2) has neither: torch's bfloat16 matmul there
         # is a scalar loop (a batch-16 job ran at 8 tokens/s), so its int8 copy picks the
         # candidates at every row count.
-        self._int8_only = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        self._int8_only = not _bf16_instructions()
         bf16 = weight.bfloat16().contiguous()
         try:
             self._packed_bf16: torch.Tensor | None = torch.ops.mkldnn._reorder_linear_weight(
