@@ -73,6 +73,11 @@ ONEDNN_ROWS = 8
 # head of real rows, EPYC, 2 threads, caches flushed: 8 / 16 / 32 / 48 / 64 rows 1.94 / 3.18 /
 # 6.09 / 8.80 / 11.36 ms against 2.53 / 3.55 / 6.14 / 9.26 / 10.79 from oneDNN's bfloat16 product)
 DOTS_ROWS = 48
+# Without bfloat16 instructions (AVX2) the int8 candidates cost as many multiply-adds as the
+# float32 head, plus the candidates': from this many rows the whole head is the faster way (the
+# default model's head, 2 threads: 16 / 32 / 64 rows 8.4 / 16.4 / 31.4 ms against 9.7 / 13.9 /
+# 26.4 for the whole head and its argmax)
+FULL_HEAD_ROWS = 32
 DOTS_MAX_INPUTS = 65536  # head_int8_dots' integer sums are exact up to this hidden size
 
 
@@ -148,6 +153,8 @@ class ExactGreedyHead:
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows] int64
         hidden = hidden.float().contiguous()
+        if self._int8_only and hidden.shape[0] >= FULL_HEAD_ROWS:
+            return self._full(hidden)
         small = hidden.shape[0] < self._int8_rows()
         approx, residual = self._approx(hidden)  # [rows, vocab] bfloat16, [rows] or None
         factors, c1 = (self.int8_factors, 1.0) if small else (self.weight_norms, self.c1)
