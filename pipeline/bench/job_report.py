@@ -104,7 +104,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
                 _totals(totals, busy, k, unknown_steps),
                 _error_reasons(directory, shards),
                 _shard_table(shards, committed),
-                _plot_links(drawn)]
+                _plot_links(drawn, totals.drafted)]
     path = out / REPORT_FILE
     path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
     return path
@@ -508,9 +508,15 @@ def _clock(t: float | None) -> str:
     return "–" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _plot_links(drawn: dict[str, Any]) -> str:
+def _plot_links(drawn: dict[str, Any], drafted: int = 0) -> str:
+    """drafted: the job's drafted tokens (an acceptance plot left undrawn with some is one
+    whose draft steps stats.parquet does not tell)."""
+    why = dict(_NOT_DRAWN)
+    if drafted:
+        why["acceptance"] = ("the draft steps of the shards that drafted are not in this "
+                             "stats.parquet")
     lines = ["## Plots", ""]
     for name, series in drawn.items():
         lines.append(f"![{name}]({PLOTS[name]})" if series is not None
-                     else f"- {name}: not drawn ({_NOT_DRAWN[name]})")
+                     else f"- {name}: not drawn ({why[name]})")
     return "\n".join(lines)

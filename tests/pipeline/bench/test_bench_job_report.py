@@ -373,3 +373,16 @@ def test_bar_plots_label_a_round_step_of_bars_that_fits() -> None:
     """470 shards were labelled every 23rd, the labels running together ('115138161...')."""
     assert [_label_step(n, len(str(n - 1))) for n in (5, 20, 30, 470, 3000, 100_000)] == [
         1, 1, 2, 50, 250, 10_000]
+
+
+def test_an_old_stats_file_whose_drafting_shards_accepted_nothing(tmp_path: Path) -> None:
+    """Found by a reviewer: its acceptance plot read 'nothing was drafted' beside 10 drafted."""
+    write_stats(str(tmp_path), {0: Counts(rows=1, completion_tokens=9, wall_seconds=1.0,
+                                          drafted=10, accepted=0, draft_steps=5,
+                                          accepted_per_position=[0, 0])})
+    table = pq.read_table(tmp_path / "stats.parquet")
+    pq.write_table(table.drop_columns(["draft_steps"]), tmp_path / "stats.parquet")
+    assert _report(str(tmp_path))[0] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert ("- acceptance: not drawn (the draft steps of the shards that drafted are not in this "
+            "stats.parquet)") in report
