@@ -33,7 +33,7 @@ from transformers import (
     PretrainedConfig,
 )
 
-from runtime.model import SUPPORTED_MODEL_TYPES
+from runtime.model import SUPPORTED_MODEL_TYPES, head_dim_of
 
 # GGUF tensor name (inside blk.N.) -> Hugging Face name (inside model.layers.N.)
 _LAYER_TENSORS = {
@@ -182,7 +182,7 @@ def _llama3_scaling(divisors: torch.Tensor, config: PretrainedConfig,
     None where they do not give them back (the caller keeps the divisors themselves)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415
 
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_dim_of(config)
     theta = (config.rope_parameters or {}).get("rope_theta", 10000.0)
     base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).double() / head_dim))
     divisors = divisors.double().flatten()

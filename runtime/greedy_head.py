@@ -120,14 +120,14 @@ class ExactGreedyHead:
         # is a scalar loop (a batch-16 job ran at 8 tokens/s), so its int8 copy picks the
         # candidates at every row count.
         self._int8_only = not _bf16_instructions()
-        bf16 = weight.bfloat16().contiguous()
-        try:
-            self._packed_bf16: torch.Tensor | None = torch.ops.mkldnn._reorder_linear_weight(
-                bf16, None)
-        except (RuntimeError, AttributeError):
-            self._packed_bf16 = None
-        self.weight_bf16_t = (bf16.t().contiguous()
-                              if self._packed_bf16 is None and not self._int8_only else None)
+        self._packed_bf16: torch.Tensor | None = None
+        self.weight_bf16_t: torch.Tensor | None = None
+        if not self._int8_only:  # (no bfloat16 copy at all there)
+            bf16 = weight.bfloat16().contiguous()
+            try:
+                self._packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(bf16, None)
+            except (RuntimeError, AttributeError):
+                self.weight_bf16_t = bf16.t().contiguous()
         self.weight_norms = weight.float().norm(dim=1) * (1 + 2.0**-10)  # [vocab], rounded up
         # what small steps read every time: in huge pages, as the head's panels
         keep_in_huge_pages([*(self.dots or ()), self.panels_int8, self.scales, self.int8_factors,
