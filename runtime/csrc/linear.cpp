@@ -77,62 +77,91 @@ inline __m256 load8(const int8_t* w) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
 }
 
-// AVX2 has 16 vector registers of 8 floats: a tile's 64 columns in blocks small enough that
-// their accumulators stay in registers (1 row: all 8; 2-3 rows: 4; 4-6 rows: 2). The panel goes
-// by spans of kSpan rows: the first block's pass over a span reads it from memory (fetching the
-// rest of each row), the other blocks' passes read it again from L1, and the sums wait in `out`
-// between spans. Each output is still one FMA chain over c in order: the same bits as the
-// AVX-512 and portable code. (The portable loop kept the sums in memory: on an AVX2 CPU a 3-row
-// product cost ~1.6x a 1-row one, where reading the weights should bound both.)
-constexpr int64_t kSpan = 32;  // panel rows a span: 8 KB of float32, in L1 for the later passes
+// AVX2 has 16 vector registers of 8 floats: a tile's 64 columns go in blocks small enough that
+// their accumulators stay in registers (1 row: all 8 blocks; 2-3 rows: 4 + 4; 4 rows: 3 + 3 + 2;
+// 5-6 rows: 2 x 4). The panel goes by spans of kSpan rows: the first block's pass over a span
+// reads it from memory (fetching the rest of each row), the other blocks' passes read it again
+// from L1, and the sums wait in `out` between spans. Each output is still one FMA chain over c in
+// order: the same bits as the AVX-512 and portable code. (The portable loop kept the sums in
+// memory: on an AVX2 CPU a 3-row product cost ~1.6x a 1-row one, where reading the weights
+// should bound both.)
+//
+// A single tile (a product of 2-6 rows: decode and draft verification at small batches) also
+// fetches kAhead panel rows ahead into L2 during its second pass, which reads only L1: without
+// it memory idles while that pass computes. A 4-row product of 30 layers' shapes streamed at
+// 22-23 -> 25-26 GB/s, 6 rows 21-22 -> 24-25 (AMD EPYC, AVX2, 2 threads; 2-3 rows unchanged).
+// Four rows take three passes of 3, 3 and 2 blocks (4 x 3 accumulators, 3 weights and a
+// broadcast fill the 16 registers) instead of four of 2.
+constexpr int64_t kSpan = 32;   // panel rows a span: 8 KB of float32, in L1 for the later passes
+constexpr int64_t kAhead = 32;  // panel rows a single tile fetches ahead in its second pass
+
+// One pass over panel rows c0 .. c1-1 for columns j0 .. j0 + 8 NB - 1 of Rows rows, continuing
+// the sums in out. first: the span's first pass (fetches the rest of each row into L1, and a
+// share of `next` into L2); ahead: fetch panel rows kAhead ahead into L2.
+template <int Rows, int NB, typename W>
+inline __attribute__((always_inline)) void span_pass(
+    const float* x, int64_t k, const W* panel, float (&out)[Rows][kPanel], int64_t j0,
+    int64_t c0, int64_t c1, bool first, bool ahead, const W* next, int64_t& countdown,
+    int64_t every) {
+  constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
+  constexpr int64_t used = (sizeof(W) * 8 * NB) / 64;  // of them read by the first pass
+  __m256 acc[Rows][NB];
+  for (int m = 0; m < Rows; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_loadu_ps(out[m] + j0 + 8 * i);
+  for (int64_t c = c0; c < c1; ++c) {
+    const W* w = panel + c * kPanel + j0;
+    if (first) {
+      for (int64_t line = used; line < lines; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(w) + 64 * line, _MM_HINT_T0);
+      if (next != nullptr && --countdown == 0) {
+        countdown = every;
+        for (int64_t line = 0; line < lines; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line,
+                       _MM_HINT_T1);
+      }
+    } else if (ahead && c + kAhead < k) {
+      for (int64_t line = 0; line < lines; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (c + kAhead) * kPanel) + 64 * line,
+                     _MM_HINT_T1);
+    }
+    if constexpr (Rows * NB + NB + 1 <= 16) {  // the blocks' weights, then a row at a time
+      __m256 wv[NB];
+      for (int i = 0; i < NB; ++i) wv[i] = load8(w + 8 * i);
+#pragma GCC unroll 8
+      for (int m = 0; m < Rows; ++m) {
+        const __m256 b = _mm256_set1_ps(x[m * k + c]);
+        for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_fmadd_ps(b, wv[i], acc[m][i]);
+      }
+    } else {  // the rows' broadcasts, then a block's weights at a time
+      __m256 b[Rows];
+      for (int m = 0; m < Rows; ++m) b[m] = _mm256_set1_ps(x[m * k + c]);
+#pragma GCC unroll 8
+      for (int i = 0; i < NB; ++i) {
+        const __m256 wv = load8(w + 8 * i);
+        for (int m = 0; m < Rows; ++m) acc[m][i] = _mm256_fmadd_ps(b[m], wv, acc[m][i]);
+      }
+    }
+  }
+  for (int m = 0; m < Rows; ++m)
+    for (int i = 0; i < NB; ++i) _mm256_storeu_ps(out[m] + j0 + 8 * i, acc[m][i]);
+}
 
 template <int Rows, typename W>
 void tile_avx2(const float* x, int64_t k, const W* panel, float (&out)[Rows][kPanel],
                const W* next, int64_t phase, int64_t every) {
-  constexpr int kBlocks = Rows == 1 ? 8 : (Rows <= 3 ? 4 : 2);  // 8-float accumulators a row
-  constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
-  constexpr int64_t used = (sizeof(W) * 8 * kBlocks) / 64;  // of them read by the first pass
+  constexpr int NB = Rows == 1 ? 8 : (Rows <= 3 ? 4 : (Rows == 4 ? 3 : 2));  // blocks a pass
+  constexpr int kRest = 8 % NB;  // blocks of the last pass, when NB does not divide 8
+  const bool ahead = every == 1 && Rows > 1;  // a single tile
   int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
   for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
   for (int64_t c0 = 0; c0 < k; c0 += kSpan) {
     const int64_t c1 = std::min(k, c0 + kSpan);
-    for (int64_t j0 = 0; j0 < kPanel; j0 += 8 * kBlocks) {
-      __m256 acc[Rows][kBlocks];
-      for (int m = 0; m < Rows; ++m)
-        for (int i = 0; i < kBlocks; ++i) acc[m][i] = _mm256_loadu_ps(out[m] + j0 + 8 * i);
-      for (int64_t c = c0; c < c1; ++c) {
-        const W* w = panel + c * kPanel + j0;
-        if (j0 == 0) {
-          for (int64_t line = used; line < lines; ++line)
-            _mm_prefetch(reinterpret_cast<const char*>(w) + 64 * line, _MM_HINT_T0);
-          if (next != nullptr && --countdown == 0) {
-            countdown = every;
-            for (int64_t line = 0; line < lines; ++line)
-              _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line,
-                           _MM_HINT_T1);
-          }
-        }
-        if constexpr (Rows <= 3) {  // Rows broadcasts, then a block's weights at a time
-          __m256 b[Rows];
-          for (int m = 0; m < Rows; ++m) b[m] = _mm256_set1_ps(x[m * k + c]);
-#pragma GCC unroll 8
-          for (int i = 0; i < kBlocks; ++i) {
-            const __m256 wv = load8(w + 8 * i);
-            for (int m = 0; m < Rows; ++m) acc[m][i] = _mm256_fmadd_ps(b[m], wv, acc[m][i]);
-          }
-        } else {  // the 2 blocks' weights, then a row's broadcast at a time: 15 registers
-          const __m256 w0 = load8(w), w1 = load8(w + 8);
-#pragma GCC unroll 8
-          for (int m = 0; m < Rows; ++m) {
-            const __m256 b = _mm256_set1_ps(x[m * k + c]);
-            acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
-          }
-        }
-      }
-      for (int m = 0; m < Rows; ++m)
-        for (int i = 0; i < kBlocks; ++i) _mm256_storeu_ps(out[m] + j0 + 8 * i, acc[m][i]);
-    }
+    for (int64_t j0 = 0; j0 + 8 * NB <= kPanel; j0 += 8 * NB)
+      span_pass<Rows, NB>(x, k, panel, out, j0, c0, c1, j0 == 0, ahead && j0 == 8 * NB, next,
+                          countdown, every);
+    if constexpr (kRest != 0)
+      span_pass<Rows, kRest>(x, k, panel, out, kPanel - 8 * kRest, c0, c1, false, false, next,
+                             countdown, every);
   }
 }
 #endif

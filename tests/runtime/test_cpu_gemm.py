@@ -102,7 +102,7 @@ def test_panel_linear_rows_do_not_depend_on_the_other_rows() -> None:
     alone = torch.cat([torch.ops.eaglebatch.panel_linear(x[i:i + 1], panels, bias, 200)
                        for i in range(100)])
     torch.testing.assert_close(alone, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
-    for rows in (2, 3, 5, 6, 7, 13, 96, 100):
+    for rows in (2, 3, 4, 5, 6, 7, 13, 96, 100):
         product = torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), panels, bias, 200)
         assert torch.equal(product, alone[:rows]), rows
     shifted = torch.ops.eaglebatch.panel_linear(x[1:8].contiguous(), panels, bias, 200)
@@ -145,7 +145,7 @@ def test_bfloat16_panels_give_the_float32_panels_bits() -> None:
     assert isinstance(packed, PrepackedLinear) and packed._packed.dtype == torch.bfloat16
     assert torch.equal(packed._packed.float(), wide)
     x = torch.randn(100, 96)
-    for rows in (1, 3, 6, 7, 100):
+    for rows in (1, 3, 4, 6, 7, 100):
         want = torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), wide, linear.bias, 200)
         assert torch.equal(packed(x[:rows]), want), rows
     torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias),
@@ -173,7 +173,7 @@ def test_int8_panels_are_the_float32_chain_times_the_scale() -> None:
     assert (values * scales[:, None] - linear.weight).abs().max() <= scales.max() / 2 + 1e-7
     wide = pack_panels(values)
     x = torch.randn(100, 96)
-    for rows in (1, 3, 6, 7, 100):
+    for rows in (1, 3, 4, 6, 7, 100):
         chain = torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), wide, None, 200)
         assert torch.equal(packed(x[:rows]), chain * scales + linear.bias), rows
     assert torch.equal(packed(x[3:4]), packed(x)[3:4])
