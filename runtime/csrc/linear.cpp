@@ -95,22 +95,27 @@ inline __m256 load8(const int8_t* w) {
 constexpr int64_t kSpan = 32;   // panel rows a span: 8 KB of float32, in L1 for the later passes
 constexpr int64_t kAhead = 32;  // panel rows a single tile fetches ahead in its second pass
 
+// What a pass fetches besides what it reads (span_pass): nothing; as the span's first pass, the
+// rest of each panel row into L1 and a share of `next` into L2; or panel rows kAhead ahead.
+enum Fetch { kNone, kFirst, kAheadRows };
+
 // One pass over panel rows c0 .. c1-1 for columns j0 .. j0 + 8 NB - 1 of Rows rows, continuing
-// the sums in out. first: the span's first pass (fetches the rest of each row into L1, and a
-// share of `next` into L2); ahead: fetch panel rows kAhead ahead into L2.
-template <int Rows, int NB, typename W>
+// the sums in out. The fetches are a template argument, so each pass's loop has no branch on
+// them, and it is unrolled by 2 (6-row tiles on a panel in L2 took 29.3
+// against 31.6 cycles a panel row).
+template <int Rows, int NB, Fetch F, typename W>
 inline __attribute__((always_inline)) void span_pass(
     const float* x, int64_t k, const W* panel, float (&out)[Rows][kPanel], int64_t j0,
-    int64_t c0, int64_t c1, bool first, bool ahead, const W* next, int64_t& countdown,
-    int64_t every) {
+    int64_t c0, int64_t c1, const W* next, int64_t& countdown, int64_t every) {
   constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
   constexpr int64_t used = (sizeof(W) * 8 * NB) / 64;  // of them read by the first pass
   __m256 acc[Rows][NB];
   for (int m = 0; m < Rows; ++m)
     for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_loadu_ps(out[m] + j0 + 8 * i);
+#pragma GCC unroll 2
   for (int64_t c = c0; c < c1; ++c) {
     const W* w = panel + c * kPanel + j0;
-    if (first) {
+    if constexpr (F == kFirst) {
       for (int64_t line = used; line < lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(w) + 64 * line, _MM_HINT_T0);
       if (next != nullptr && --countdown == 0) {
@@ -119,10 +124,11 @@ inline __attribute__((always_inline)) void span_pass(
           _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line,
                        _MM_HINT_T1);
       }
-    } else if (ahead && c + kAhead < k) {
-      for (int64_t line = 0; line < lines; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(panel + (c + kAhead) * kPanel) + 64 * line,
-                     _MM_HINT_T1);
+    } else if constexpr (F == kAheadRows) {
+      if (c + kAhead < k)
+        for (int64_t line = 0; line < lines; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(panel + (c + kAhead) * kPanel) + 64 * line,
+                       _MM_HINT_T1);
     }
     if constexpr (Rows * NB + NB + 1 <= 16) {  // the blocks' weights, then a row at a time
       __m256 wv[NB];
@@ -156,12 +162,16 @@ void tile_avx2(const float* x, int64_t k, const W* panel, float (&out)[Rows][kPa
   for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
   for (int64_t c0 = 0; c0 < k; c0 += kSpan) {
     const int64_t c1 = std::min(k, c0 + kSpan);
-    for (int64_t j0 = 0; j0 + 8 * NB <= kPanel; j0 += 8 * NB)
-      span_pass<Rows, NB>(x, k, panel, out, j0, c0, c1, j0 == 0, ahead && j0 == 8 * NB, next,
-                          countdown, every);
+    span_pass<Rows, NB, kFirst>(x, k, panel, out, 0, c0, c1, next, countdown, every);
+    for (int64_t j0 = 8 * NB; j0 + 8 * NB <= kPanel; j0 += 8 * NB) {
+      if (ahead && j0 == 8 * NB)
+        span_pass<Rows, NB, kAheadRows>(x, k, panel, out, j0, c0, c1, next, countdown, every);
+      else
+        span_pass<Rows, NB, kNone>(x, k, panel, out, j0, c0, c1, next, countdown, every);
+    }
     if constexpr (kRest != 0)
-      span_pass<Rows, kRest>(x, k, panel, out, kPanel - 8 * kRest, c0, c1, false, false, next,
-                             countdown, every);
+      span_pass<Rows, kRest, kNone>(x, k, panel, out, kPanel - 8 * kRest, c0, c1, next,
+                                    countdown, every);
   }
 }
 #endif
