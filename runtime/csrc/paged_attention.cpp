@@ -131,6 +131,17 @@ inline float lane_max(const float* x, int64_t n) {  // scores are finite: no NaN
   float part[kLanes];
   std::fill(part, part + kLanes, -std::numeric_limits<float>::infinity());
   int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  // maxps(a, b) is a > b ? a : b, the comparison below, lane by lane (the loop was not
+  // vectorised)
+  __m256 lo = _mm256_loadu_ps(part), hi = _mm256_loadu_ps(part + 8);
+  for (; j + kLanes <= n; j += kLanes) {
+    lo = _mm256_max_ps(lo, _mm256_loadu_ps(x + j));
+    hi = _mm256_max_ps(hi, _mm256_loadu_ps(x + j + 8));
+  }
+  _mm256_storeu_ps(part, lo);
+  _mm256_storeu_ps(part + 8, hi);
+#endif
   for (; j + kLanes <= n; j += kLanes)
     for (int l = 0; l < kLanes; ++l) part[l] = part[l] > x[j + l] ? part[l] : x[j + l];
   float peak = part[0];
@@ -600,9 +611,6 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
         kv_offsets[a] = ((h0 + a % hq) / group - g0) * dim;
         head_vectors[(h0 + a % hq) / group - g0].push_back(a);
       }
-      auto slot_of = [&](int64_t j) {
-        return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-      };
       // Each key's and value's KV heads [g0, g1) as float32: in the cache itself for float32,
       // widened into scratch for 16-bit caches.
       k_rows.resize(span);
@@ -611,8 +619,11 @@ void paged_attention_impl(const at::Tensor& query,   // [num_tokens, heads, dim]
         k_wide.resize(span * part);
         v_wide.resize(span * part);
       }
-      for (int64_t j = lo; j < hi; ++j) {
-        const int64_t at = slot_of(j) * token_stride + g0 * dim, r = j - lo;
+      // (slots block by block: a division per key cost more than its scores at batch 64)
+      for (int64_t j = lo, block = lo / block_size, within = lo % block_size; j < hi; ++j) {
+        const int64_t slot = static_cast<int64_t>(table[block]) * block_size + within;
+        if (++within == block_size) within = 0, ++block;
+        const int64_t at = slot * token_stride + g0 * dim, r = j - lo;
         k_rows[r] = as_floats(k_base + at, part, k_wide.empty() ? nullptr : &k_wide[r * part]);
         v_rows[r] = as_floats(v_base + at, part, v_wide.empty() ? nullptr : &v_wide[r * part]);
         if (r < std::min<int64_t>(kLanes, kFetchAhead)) prefetch_row(k_rows[r], part * 4);
