@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -38,6 +39,43 @@ def test_rope_kernel_gives_torchs_bits() -> None:
     assert torch.equal(got_k, k * cos + _rotate_half(k) * sin)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="outside the table of 300"):
         rope(torch.full((37,), 300), q, k)
+
+
+def _lane_tree_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm's arithmetic written out in float32 (numpy scalars: each operation rounded
+    once): squares summed in 16 lanes (lane l takes values l, l + 16, ...), the lanes by the
+    pairwise tree l + 8, + 4, + 2, + 1, the tail in order, then weight * (x * (1 / sqrt(sum / n
+    + eps)))."""
+    f32 = np.float32
+    n = x.shape[-1]
+    whole = n - n % 16
+    rows = []
+    for row in x.numpy():
+        squares = row * row
+        lanes = np.zeros(16, dtype=f32)
+        for j in range(0, whole, 16):
+            lanes = lanes + squares[j:j + 16]
+        for width in (8, 4, 2, 1):
+            lanes = lanes[:width] + lanes[width:2 * width]
+        total = lanes[0]
+        for j in range(whole, n):
+            total = f32(total + squares[j])
+        scale = f32(1) / np.sqrt(f32(total / f32(n)) + f32(eps))
+        rows.append(weight.numpy() * (row * scale))
+    return torch.from_numpy(np.stack(rows))
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"),
+                    reason="the 16-lane sum is the AVX2 and AVX-512 kernels' (the portable "
+                           "loop sums in order)")
+@pytest.mark.parametrize("size", [576, 100, 7])
+def test_rms_norm_kernel_sums_squares_in_sixteen_lanes_on_avx2_and_avx512(size: int) -> None:
+    """The same bits on CPUs with AVX2 and with AVX-512 (on AVX2 the sum was sequential)."""
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(size, generator=generator)
+    x = torch.randn(20, size, generator=generator) * 3
+    got = torch.ops.eaglebatch.rms_norm(x, weight, 1e-5)
+    assert torch.equal(got, _lane_tree_rms_norm(x, weight, 1e-5))
 
 
 @pytest.mark.parametrize("size", [576, 100, 7])
