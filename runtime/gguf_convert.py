@@ -145,6 +145,12 @@ def rope_scaling(reader: gguf.GGUFReader, arch: str, gguf_path: Path) -> dict | 
     scaling so (and linear, in older files, as `{arch}.rope.scale_linear`)."""
     kind = _field(reader, f"{arch}.rope.scaling.type")
     factor = _field(reader, f"{arch}.rope.scaling.factor")
+    # llama.cpp multiplies every rotary cos and sin by attn_factor (any scaling type; yarn's own
+    # attention scale on top): not a rope_parameters field, so refused rather than dropped
+    attn_factor = _field(reader, f"{arch}.rope.scaling.attn_factor")
+    if attn_factor is not None and float(attn_factor) != 1.0:
+        raise ValueError(f"{gguf_path}: {arch}.rope.scaling.attn_factor = {float(attn_factor):g} "
+                         "(llama.cpp scales RoPE's cos and sin by it) is not supported")
     old_linear = _field(reader, f"{arch}.rope.scale_linear")
     if kind is None and old_linear is not None and float(old_linear) != 1.0:
         return {"rope_type": "linear", "factor": float(old_linear)}

@@ -67,9 +67,10 @@ def resolve_model(name_or_path: str) -> Path:
         "a path to a .gguf file, or a Hugging Face checkpoint directory containing config.json")
 
 
-# bumped when a conversion of the same file changes (2: RoPE scaling read), so that a file
+# bumped when a conversion of the same file changes (2: RoPE scaling read; 3: a RoPE attn_factor
+# refused), so that a file
 # converted by an earlier version is converted again
-_CONVERSION = 2
+_CONVERSION = 3
 
 
 def _file_fingerprint(path: Path) -> str:

@@ -223,35 +223,63 @@ def test_gguf_rope_scaling_is_read_and_decodes_as_transformers(
     assert list(done[0].token_ids) == expected
 
 
-def test_gguf_rope_factors_that_are_not_llama3_scaling_are_kept_as_divisors(
-        tmp_path: Path, cache: Path) -> None:
-    """llama.cpp divides each rotary frequency by its rope_freqs entry, whatever made them."""
+def _gguf_copy(source: Path, target: Path, floats: dict[str, float],
+               tensors: dict[str, np.ndarray]) -> Path:
+    """A copy of the GGUF file `source` with float32 keys and tensors added."""
     import gguf  # noqa: PLC0415
 
-    from runtime.rope import inverse_frequencies  # noqa: PLC0415
-
-    original = make_tiny_checkpoint(tmp_path / "original")
-    reader = gguf.GGUFReader(make_tiny_gguf(original, tmp_path / "plain.gguf"))
-    writer = gguf.GGUFWriter(tmp_path / "factors.gguf", "llama")
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, "llama")
     for field in reader.fields.values():
         if field.name.startswith(("GGUF.", "general.architecture")):
             continue
         kind = field.types[0]
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
-    divisors = [1.0, 3.0, 2.0, 8.0, 8.0, 8.0, 8.0, 8.0]
-    writer.add_tensor("rope_freqs.weight", np.array(divisors, np.float32))
+    for key, value in floats.items():
+        writer.add_float32(key, value)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, np.array(tensor.data))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    config = load_model_config(resolve_model(str(tmp_path / "factors.gguf")))
+    return target
+
+
+def test_gguf_rope_factors_that_are_not_llama3_scaling_are_kept_as_divisors(
+        tmp_path: Path, cache: Path) -> None:
+    """llama.cpp divides each rotary frequency by its rope_freqs entry, whatever made them."""
+    from runtime.rope import inverse_frequencies  # noqa: PLC0415
+
+    original = make_tiny_checkpoint(tmp_path / "original")
+    plain = make_tiny_gguf(original, tmp_path / "plain.gguf")
+    divisors = [1.0, 3.0, 2.0, 8.0, 8.0, 8.0, 8.0, 8.0]
+    factors = _gguf_copy(plain, tmp_path / "factors.gguf", {},
+                         {"rope_freqs.weight": np.array(divisors, np.float32)})
+    config = load_model_config(resolve_model(str(factors)))
     assert config.rope_freq_divisors == divisors
     plain, _ = inverse_frequencies(load_model_config(original), 16)
     got, scaling = inverse_frequencies(config, 16)
     assert torch.equal(got, plain / torch.tensor(divisors)) and scaling == 1.0
+
+
+def test_gguf_rope_attn_factor_is_refused_unless_it_is_one(tmp_path: Path, cache: Path) -> None:
+    """llama.cpp scales every rotary cos and sin by `{arch}.rope.scaling.attn_factor`; there is
+    no such field in a checkpoint's rope_parameters, so a file with one other than 1 is refused
+    by name instead of decoding unscaled."""
+    original = make_tiny_checkpoint(tmp_path / "original")
+    plain = make_tiny_gguf(original, tmp_path / "plain.gguf")
+    scaled = _gguf_copy(plain, tmp_path / "scaled.gguf", {"llama.rope.scaling.attn_factor": 0.5},
+                        {})
+    with pytest.raises(ValueError, match=r"scaled\.gguf: llama\.rope\.scaling\.attn_factor = "
+                                         r"0\.5 .* is not supported"):
+        resolve_model(str(scaled))
+    one = _gguf_copy(plain, tmp_path / "one.gguf", {"llama.rope.scaling.attn_factor": 1.0}, {})
+    assert (load_model_config(resolve_model(str(one))).rope_parameters
+            == load_model_config(resolve_model(str(plain))).rope_parameters)
 
 
 def test_failed_conversion_leaves_no_cache_entry(tmp_path: Path, cache: Path,
