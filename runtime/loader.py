@@ -68,8 +68,7 @@ def resolve_model(name_or_path: str) -> Path:
 
 
 # bumped when a conversion of the same file changes (2: RoPE scaling read; 3: a RoPE attn_factor
-# refused), so that a file
-# converted by an earlier version is converted again
+# refused), so that a file converted by an earlier version is converted again
 _CONVERSION = 3
 
 

@@ -292,11 +292,11 @@ inline __m256 tree_4_2(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
                        _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
-// dot(q, rows[m] + offset, dim) for 8 rows at once (dim a multiple of 16), in lane m: dot()'s
+// dot(q, rows[m], dim) for 8 rows at once (dim a multiple of 16), in lane m: dot()'s
 // two FMA chains per key and its tree, the tree's levels shared by 4 keys, then level 1 of 8
 // keys in one horizontal add: the same bits (on AVX2 a decode step's scores took one tree of
 // shuffles per key and query vector).
-inline __m256 dot8(const float* q, const float* const* rows, int64_t offset, int64_t dim) {
+inline __m256 dot8(const float* q, const float* const* rows, int64_t dim) {
   __m256 t[2];
   for (int g = 0; g < 2; ++g) {
     const float* const* r = rows + 4 * g;
@@ -305,8 +305,8 @@ inline __m256 dot8(const float* q, const float* const* rows, int64_t offset, int
     for (int64_t d = 0; d < dim; d += kLanes) {
       const __m256 q_lo = _mm256_loadu_ps(q + d), q_hi = _mm256_loadu_ps(q + d + 8);
       for (int m = 0; m < 4; ++m) {
-        lo[m] = _mm256_fmadd_ps(q_lo, _mm256_loadu_ps(r[m] + offset + d), lo[m]);
-        hi[m] = _mm256_fmadd_ps(q_hi, _mm256_loadu_ps(r[m] + offset + d + 8), hi[m]);
+        lo[m] = _mm256_fmadd_ps(q_lo, _mm256_loadu_ps(r[m] + d), lo[m]);
+        hi[m] = _mm256_fmadd_ps(q_hi, _mm256_loadu_ps(r[m] + d + 8), hi[m]);
       }
     }
     t[g] = tree_4_2(_mm256_add_ps(lo[0], hi[0]), _mm256_add_ps(lo[1], hi[1]),
@@ -336,8 +336,8 @@ inline void chunk_scores(const float* q, const float* const* rows, int64_t offse
     for (int m = 0; m < kLanes; ++m) padded[m] = m < n ? rows[m] + offset : zeros;
     alignas(32) float s[kLanes];
     const __m256 f = _mm256_set1_ps(scale);
-    _mm256_store_ps(s, _mm256_mul_ps(dot8(q, padded, 0, dim), f));
-    if (n > 8) _mm256_store_ps(s + 8, _mm256_mul_ps(dot8(q, padded + 8, 0, dim), f));
+    _mm256_store_ps(s, _mm256_mul_ps(dot8(q, padded, dim), f));
+    if (n > 8) _mm256_store_ps(s + 8, _mm256_mul_ps(dot8(q, padded + 8, dim), f));
     std::memcpy(out, s, n * sizeof(float));
     return;
   }
