@@ -132,6 +132,33 @@ def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: S
     return path
 
 
+def check_answers_fit(data_dir: Path, ids: Sequence[str], prompts: Sequence[Prompt],
+                      tokenizer: Any) -> None:
+    """Answers in answers.jsonl are reused by id: each one under an id of this run (greedy, or
+    sampled: id#sN) must answer this run's prompt of that id, token for token. Another prompts
+    file, column or chat template under the same ids would otherwise train the drafter on
+    answers to other prompts, without a word: refused, naming the first such id."""
+    path = data_dir / ANSWERS
+    by_id = {i: n for n, i in enumerate(ids)}
+    rows: list[tuple[str, int, list[int]]] = []
+    for row in read_answers(path):
+        base, mark, number = row["id"].rpartition("#s")
+        n = by_id.get(row["id"], by_id.get(base) if mark and number.isdigit() else None)
+        if n is not None:
+            rows.append((row["id"], n, row["prompt_ids"]))
+    if not rows:
+        return
+    needed = sorted({n for _, n, _ in rows})
+    rendered = dict(zip(needed, render_prompts([prompts[n] for n in needed], tokenizer),
+                        strict=True))
+    stale = [answer_id for answer_id, n, prompt_ids in rows if rendered[n] != prompt_ids]
+    if stale:
+        raise ValueError(
+            f"{path} holds {len(stale)} answer(s) to other prompts under this run's ids (first: "
+            f"{stale[0]!r}): the prompts, their column or the chat template changed since they "
+            f"were made; choose another --out, or remove {data_dir}")
+
+
 def read_answers(path: Path) -> list[dict[str, Any]]:
     """The complete lines of answers.jsonl (a line cut by a crash is skipped)."""
     if not path.is_file():

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from runtime.config import EngineConfig
 from runtime.kv.groups import draft_layer_name
-from runtime.loader import load_model_config, load_state_dict, resolve_model
+from runtime.loader import load_model_config, load_state_dict, load_tokenizer, resolve_model
 from runtime.model import CausalLM, head_dim_of
 from runtime.rope import RotaryEmbedding
 from runtime.speculative.checkpoint import drafter_config_dict
@@ -38,6 +38,7 @@ from runtime.speculative.train_data import (
     Prompt,
     answer_plan,
     build_feature_shards,
+    check_answers_fit,
     check_source,
     feature_layers,
     generate_answers,
@@ -105,6 +106,7 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     layers = feature_layers(job.style, aux)
     digest = target_digest(model_dir)
     check_source(data_dir, job.model, digest, layers)
+    check_answers_fit(data_dir, job.prompt_ids, job.prompts, load_tokenizer(model_dir))
     answers_before = len(read_answers(data_dir / ANSWERS))
     engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
                                  max_model_len=min(2048, target_config.max_position_embeddings))

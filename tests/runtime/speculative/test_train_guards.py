@@ -323,3 +323,36 @@ def test_chats_the_chat_template_refuses_are_left_out_with_a_note(
                (out / "data" / "answers.jsonl").read_text().splitlines()]
     assert sorted(answers) == ["b", "c"]
     assert "evaluation on 2 held-out prompts" in " ".join((out / "README.md").read_text().split())
+
+
+def test_answers_to_other_prompts_under_the_same_ids_are_refused(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Found in a review: answers were reused by id alone, so a second run on other prompts (or
+    another column) under the same ids trained on the first run's answers without a word."""
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out, answer_samples=1))
+    answers = out / "data" / "answers.jsonl"
+    made = answers.read_text()
+    assert sorted(json.loads(line)["id"] for line in made.splitlines()) == [
+        "a", "a#s1", "b", "b#s1", "c", "c#s1"]
+    # the same prompts under the same ids: every answer is reused, nothing is made again
+    run_train_drafter(_job(tiny_model_dir, out, answer_samples=1, resume=True))
+    assert answers.read_text() == made
+    # prompt "b" changed: its greedy and sampled answers are stale; refused before any work
+    changed = (PROMPTS[0], "What is three plus three?", PROMPTS[2])
+    with pytest.raises(ValueError) as err:
+        run_train_drafter(_job(tiny_model_dir, out, prompts=changed, answer_samples=1,
+                               resume=True))
+    assert str(err.value) == (
+        f"{answers} holds 2 answer(s) to other prompts under this run's ids (first: 'b'): the "
+        f"prompts, their column or the chat template changed since they were made; choose "
+        f"another --out, or remove {out / 'data'}")
+    assert answers.read_text() == made
+    # other ids, even for changed prompts, add answers beside the old ones
+    shutil.copytree(out / "data", tmp_path / "f" / "data")
+    run_train_drafter(_job(tiny_model_dir, tmp_path / "f", prompt_ids=("x", "y", "z"),
+                           prompts=changed))
+    ids = [json.loads(line)["id"] for line in
+           (tmp_path / "f" / "data" / "answers.jsonl").read_text().splitlines()]
+    assert ids[:6] == [json.loads(line)["id"] for line in made.splitlines()]
+    assert sorted(ids[6:]) == ["x", "y", "z"]
