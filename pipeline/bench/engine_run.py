@@ -22,7 +22,7 @@ from runtime.engine import Engine
 from runtime.model import head_dim_of
 from runtime.request import Completion, GenerationRequest
 from runtime.setup import place
-from runtime.speculative.loader import drafter_num_layers
+from runtime.speculative.loader import drafter_num_layers, read_drafter_config
 
 _KV_SLACK = 1.25
 
@@ -51,18 +51,20 @@ def _kv_bytes_for_batch(config: EngineConfig, workload: Workload) -> int:
     """Enough KV cache for batch_size of the longest requests (plus draft lookahead), so the
     batch size, not the cache, limits concurrency. Several engines live at once in a bench,
     which is why the engine's own default (1 GiB, or most of the GPU) is not used."""
-    from transformers import AutoConfig  # noqa: PLC0415
+    from transformers import AutoConfig, LlamaConfig  # noqa: PLC0415
 
     p = place(config)
     target = AutoConfig.from_pretrained(config.model)
-    layers = target.num_hidden_layers
+    # K and V values of one position, over all layers (a drafter's heads may not be the target's)
+    values = 2 * target.num_key_value_heads * head_dim_of(target) * target.num_hidden_layers
     if config.drafter is not None:
-        layers += drafter_num_layers(Path(config.drafter))
+        drafter = LlamaConfig(**read_drafter_config(Path(config.drafter)))
+        values += (2 * (drafter.num_key_value_heads or drafter.num_attention_heads)
+                   * head_dim_of(drafter) * drafter_num_layers(Path(config.drafter)))
     longest = max(len(ids) + n for ids, n in zip(workload.prompts, workload.max_tokens,
                                                             strict=True))
     blocks_per_seq = -(-(longest + 2 * config.draft_width + 2) // p.block_size) + 1
-    block_bytes = 2 * p.block_size * target.num_key_value_heads * head_dim_of(target) * \
-        p.dtype.itemsize * layers
+    block_bytes = p.block_size * values * p.dtype.itemsize
     blocks = int(config.max_num_seqs * blocks_per_seq * _KV_SLACK) + 2  # block 0 is reserved
     return blocks * block_bytes
 

@@ -236,10 +236,12 @@ def load_target(model_dir: Path, config: Any) -> CausalLM:
     return target.eval()
 
 
-def build_drafter(target: CausalLM, job: TrainDrafterJob, vocab: torch.Tensor) -> EagleDrafter:
+def build_drafter(target: CausalLM, job: TrainDrafterJob, vocab: torch.Tensor,
+                  **shape: int) -> EagleDrafter:
+    """shape: config fields that differ from the target's (num_attention_heads, head_dim, ...)."""
     from transformers import LlamaConfig  # noqa: PLC0415
 
-    raw = drafter_config_dict(target.config, job.num_layers, job.style, len(vocab))
+    raw = drafter_config_dict(target.config, job.num_layers, job.style, len(vocab), None, **shape)
     config = LlamaConfig(**{k: v for k, v in raw.items() if k != "architectures"})
     n = target.config.num_hidden_layers
     names = [draft_layer_name(n, i) for i in range(job.num_layers)]

@@ -269,18 +269,23 @@ def _counting(run_stack: Callable[..., list[torch.Tensor] | None], runs: list[in
     return counted
 
 
+@pytest.mark.parametrize("heads", [{}, {"num_attention_heads": 2, "num_key_value_heads": 1,
+                                       "head_dim": 64}], ids=["target's heads", "other heads"])
 @pytest.mark.parametrize("style", ["eagle1", "eagle3"])
 def test_drafter_layer_stack_gives_its_layers_bits(
-        style: str, prompts: list[list[int]], tmp_path: Path) -> None:
+        style: str, heads: dict[str, int], prompts: list[list[int]], tmp_path: Path) -> None:
     """On widths in whole panels the drafter's layers run as one C++ call
     (runtime.cpu_layer.CpuLayerStack), EAGLE-1's first layer without its input norm and
     EAGLE-3's on 2H inputs included: every draft step's hidden states are the bits of its
-    layers run one by one, and the tokens are the target's."""
+    layers run one by one, and the tokens are the target's. A drafter's attention need not be
+    its target's (4 heads of 32, 2 KV heads; here 2 of 64, 1 KV head): its layers then have a
+    KV cache group of their own, over the same block table."""
     assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
     model = make_tiny_checkpoint(tmp_path / "model", hidden_size=128, num_heads=4,
                                  num_kv_heads=2, intermediate_size=128)
     drafter = make_random_drafter(model, tmp_path / "drafter", num_layers=2, style=style,
-                                  aux_layer_ids=(0, 1, 1) if style == "eagle3" else None)
+                                  aux_layer_ids=(0, 1, 1) if style == "eagle3" else None,
+                                  **heads)
     hidden: dict[bool, list[torch.Tensor]] = {True: [], False: []}
     tokens = {}
     for stacked in (True, False):
@@ -288,6 +293,10 @@ def test_drafter_layer_stack_gives_its_layers_bits(
                                      drafter=str(drafter), num_speculative_tokens=3,
                                      dtype="float32"))
         assert engine.proposer is not None
+        groups = engine.kv_cache_config.groups
+        assert [g.layer_names[-2:] for g in groups] == (
+            [("layers.2", "layers.3")] if not heads else [("layers.0", "layers.1"),
+                                                          ("layers.2", "layers.3")])
         draft_model = engine.proposer.drafter
         stack = draft_model.cpu_stack
         assert stack is not None

@@ -56,12 +56,19 @@ def test_step_mask() -> None:
         [1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 1]]
 
 
+# a drafter whose attention is not its target's (4 heads of 16, 2 KV heads): 2 heads of 32, 1 KV
+OTHER_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+
+
+@pytest.mark.parametrize("heads", [{}, OTHER_HEADS], ids=["target's heads", "other heads"])
 @pytest.mark.parametrize("style", ["eagle1", "eagle3"])
 def test_training_forward_equals_paged_forward(tiny_model_dir: Path, tmp_path: Path,
-                                               style: str) -> None:
+                                               style: str, heads: dict[str, int]) -> None:
     target = load_target(tiny_model_dir, load_model_config(tiny_model_dir))
     job = _job(tiny_model_dir, tmp_path, style=style, num_layers=2, init_from_target=False)
-    drafter = build_drafter(target, job, torch.arange(40, 120))
+    drafter = build_drafter(target, job, torch.arange(40, 120), **heads)
+    assert (drafter.layers[0].self_attn.head_dim, drafter.layers[0].self_attn.num_kv_heads) == (
+        (heads["head_dim"], heads["num_key_value_heads"]) if heads else (16, 2))
     for p in drafter.parameters():  # random weights everywhere, norms included
         torch.nn.init.normal_(p, 0.0, 0.2)
     torch.manual_seed(1)
