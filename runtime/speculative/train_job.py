@@ -292,6 +292,14 @@ def load_init_drafter(path: Path, style: str, num_layers: int, target_config: An
         raise ValueError(f"--init-drafter {path} is {ckpt.style} with "
                          f"{ckpt.config.num_hidden_layers} layers; this job trains "
                          f"{style} with {num_layers}")
+    shape = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+    mine = [getattr(ckpt.config, f) for f in shape] + [head_dim_of(ckpt.config)]
+    theirs = [getattr(target_config, f) for f in shape] + [head_dim_of(target_config)]
+    if mine != theirs:  # this job trains drafters shaped as the target's layers
+        differ = ", ".join(f"{f} {a} (the target's: {b})" for f, a, b in
+                           zip((*shape, "head_dim"), mine, theirs, strict=True) if a != b)
+        raise ValueError(f"--init-drafter {path} has {differ}; this job trains drafters whose "
+                         "layers have the target's shape")
     if getattr(ckpt.config, "norm_before_residual", False):
         raise ValueError(f"--init-drafter {path} sets norm_before_residual (an EAGLE-3 variant "
                          "this job does not train); start from a drafter without it")
