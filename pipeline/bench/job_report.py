@@ -33,7 +33,7 @@ from pipeline.bench.plots import (
     plot_over_time,
     report_dir,
 )
-from pipeline.config import JobError
+from pipeline.config import JobError, one_line
 from pipeline.discover import is_part_name, part_name
 from pipeline.manifest import (
     JOB_PLOTS,
@@ -75,6 +75,9 @@ def write_job_report(directory: str, out_dir: str) -> Path:
         raise JobError(f"{directory} has no {MANIFEST_FILE}, {STATS_FILE} or bench.parquet: "
                        "not the output of an eaglebatch job or bench")
     shards, recorded = _shards(manifest, stats_path)
+    stats_problem = None if manifest is None or not shards else _stats_problem(stats_path)
+    if stats_problem:
+        print(f"{stats_path}: {stats_problem}; reporting from {MANIFEST_FILE}", file=sys.stderr)
     unknown_steps = _steps_unknown(shards) if manifest is None else 0
     out = report_dir(Path(out_dir))
     committed = {sid: recorded[sid] if sid in recorded else _part_file_time(directory, sid)
@@ -100,7 +103,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     k = manifest.config.get("num_speculative_tokens") if manifest is not None else None
     busy = None if spans is None else busy_seconds(list(spans.values()))
     sections = [_header(directory, manifest, shards, done, missing, damaged, from_files,
-                        damaged_manifest),
+                        damaged_manifest, stats_problem),
                 _totals(totals, busy, k, unknown_steps),
                 _error_reasons(directory, shards),
                 _shard_table(shards, committed),
@@ -141,6 +144,20 @@ def _shards(manifest: Manifest | None, stats_path: Path
         recorded = {sid: ms / 1000 for sid, ms in zip(table.column("shard_id").to_pylist(), when,
                                                       strict=True) if ms is not None}
     return dict(sorted(shards.items())), recorded
+
+
+def _stats_problem(stats_path: Path) -> str | None:
+    """Why a job's stats.parquet beside a readable manifest cannot be read as one (missing,
+    damaged, or without its columns), or None. The report does not need it then, but its reader
+    may."""
+    if not stats_path.is_file():
+        return "missing"
+    try:
+        names = pq.read_schema(stats_path).names
+    except (OSError, pa.ArrowInvalid) as exc:
+        return f"cannot read it as Parquet ({_one_line(one_line(exc))})"
+    absent = [c for c in ("shard_id", *_COUNT_COLUMNS) if c not in names]
+    return f"lacks the column(s) {', '.join(absent)}" if absent else None
 
 
 def _counts_from_stats(row: dict[str, Any]) -> Counts:
@@ -271,7 +288,7 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
             done: bool, missing: list[int], damaged: list[int], from_files: int,
-            damaged_manifest: bool = False) -> str:
+            damaged_manifest: bool = False, stats_problem: str | None = None) -> str:
     lines = ["# eaglebatch job report", "", f"- directory: `{directory}`",
              f"- written {_clock(time.time())}, from the files as they were then"
              + ("" if done else " (rerun `eaglebatch report` once the job has gone on)")]
@@ -283,6 +300,9 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
                     if len(shard_ids) > _MAX_PENDING else "")
             lines.append(f"- **{what} part files** of committed shards: {names}{more}; {why} "
                          "(rerun the job's command to generate them again)")
+    if stats_problem:
+        lines.append(f"- **{STATS_FILE}**: {stats_problem}; the figures here come from "
+                     f"{MANIFEST_FILE} (rerunning the job's command writes {STATS_FILE} again)")
     if from_files:
         lines.append(f"- commit times of {md.plural(from_files, 'shard')} are their part files' "
                      "modification times (committed by a version that did not record them; a "

@@ -192,6 +192,39 @@ def test_damaged_part_files_are_named(tmp_path: Path) -> None:
             "damaged") in report
 
 
+def test_a_stats_file_that_does_not_match_its_manifest_is_said(tmp_path: Path) -> None:
+    """stats.parquet beside a readable manifest: the report takes its figures from the manifest,
+    but a missing, damaged or foreign stats.parquet is said (it went unmentioned)."""
+    manifest = Manifest({"model": "m", "drafter": None, "sampling": {}, "n": 1, "shard_rows": 2},
+                        [{"path": "in.parquet"}], 1)
+    write_parquet(tmp_path / "part-00000.parquet", {"error": [None, None]})
+    manifest.commit(0, Counts(rows=2, completion_tokens=10, wall_seconds=1.0), str(tmp_path))
+    manifest.save(str(tmp_path))
+    write_stats(str(tmp_path), manifest.shards, manifest.committed_at)
+    stats = tmp_path / "stats.parquet"
+    good = stats.read_bytes()
+    code, _, stderr = _report(str(tmp_path))
+    assert (code, stderr) == (0, "")
+    assert "stats.parquet**" not in (tmp_path / "report.md").read_text()
+    cases = (("missing", b""),
+             ("cannot read it as Parquet (Parquet magic bytes not found in footer. Either the "
+              "file is corrupted or this is not a parquet file.)", good[:100]),
+             ("lacks the column(s) rows, errors", None))
+    for problem, data in cases:
+        stats.unlink(missing_ok=True)
+        if data is None:  # another table under the name
+            write_parquet(stats, {"shard_id": [0], "prompt_tokens": [1], "completion_tokens": [10],
+                                  "wall_seconds": [1.0], "drafted": [0], "accepted": [0]})
+        elif data:
+            stats.write_bytes(data)
+        code, _, stderr = _report(str(tmp_path))
+        assert (code, stderr) == (0, f"{stats}: {problem}; reporting from manifest.json\n")
+        report = (tmp_path / "report.md").read_text()
+        assert (f"- **stats.parquet**: {problem}; the figures here come from manifest.json "
+                "(rerunning the job's command writes stats.parquet again)") in report
+        assert "| rows | 2 |" in report
+
+
 def test_parallel_shards_count_their_time_once(tmp_path: Path) -> None:
     """Two workers' shards that generated at the same time: the job's rate is twice a
     shard's, where summing their seconds would give one worker's."""
