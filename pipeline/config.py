@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runtime.config import EngineConfig, SamplingParams
@@ -100,6 +101,9 @@ class JobConfig:
         they change speed, not outputs (each request samples with its own seed)."""
         return {
             "model": _as_path_if_exists(self.engine.model),
+            # a checkpoint directory or .gguf file may be rewritten between runs (see
+            # manifest.check_resumable for manifests written before this was recorded)
+            **_model_digest(self.engine.model),
             "drafter": (None if self.engine.drafter is None
                         else _as_path_if_exists(self.engine.drafter)),
             # drafting leaves greedy and seeded outputs as they are, but not the rows' drafted
@@ -121,6 +125,20 @@ class JobConfig:
             "n": self.n,
             "shard_rows": self.shard_rows,
         }
+
+
+def _model_digest(name: str) -> dict[str, str]:
+    """{"model_digest": ...} for a model given as a checkpoint directory or a .gguf file (its
+    config and weights: runtime.loader.checkpoint_digest); {} for the built-in name, and for a
+    path that is not a readable checkpoint (building the engine then says what is wrong)."""
+    if not os.path.exists(name):
+        return {}
+    from runtime.loader import checkpoint_digest  # noqa: PLC0415 (torch and transformers)
+
+    try:
+        return {"model_digest": checkpoint_digest(Path(name))}
+    except OSError:
+        return {}
 
 
 def _as_path_if_exists(name: str) -> str:

@@ -185,10 +185,15 @@ def _field(data: dict[str, Any], key: str, kind: type, default: Any = _ABSENT) -
 def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dict[str, Any]],
                     output_dir: str) -> None:
     """Refuse to resume a directory written by a different job or from different input."""
+    if "model_digest" not in manifest.config:  # written before the digest was recorded
+        config = {k: v for k, v in config.items() if k != "model_digest"}
     diffs = _differences(manifest.config, config)
     if diffs:
-        raise JobError(f"{output_dir} holds the outputs of a different job ({'; '.join(diffs)}); "
-                       f"rerun with --overwrite to discard them, or choose another OUTPUT_DIR")
+        why = ("; the model's config.json or weights are not those the job started with"
+               if any(d.startswith("model_digest:") for d in diffs) else "")
+        raise JobError(f"{output_dir} holds the outputs of a different job ({'; '.join(diffs)}"
+                       f"{why}); rerun with --overwrite to discard them, or choose another "
+                       "OUTPUT_DIR")
     change, touched = _input_change(manifest.inputs, inputs)
     if change:
         raise JobError(f"the input changed since {output_dir} was written ({change}); rerun with "

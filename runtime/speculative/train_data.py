@@ -24,7 +24,6 @@ residual streams entering the three aux layers. They come from the Hugging Face 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from runtime.config import EngineConfig, SamplingParams
-from runtime.loader import weight_files
+from runtime.loader import checkpoint_digest
 from runtime.request import GenerationRequest
 
 ANSWERS = "answers.jsonl"
@@ -266,17 +265,9 @@ def build_feature_shards(model_dir: Path, data_dir: Path, layers: tuple[int, ...
 
 
 def target_digest(model_dir: Path) -> str:
-    """A digest of the target's config.json and weights (each weight file's name, size, first and
-    last MiB): cheap, and it tells apart two checkpoints of one shape with other weights."""
-    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for f in weight_files(model_dir):
-        size = f.stat().st_size
-        digest.update(f"{f.name}:{size}".encode())
-        with f.open("rb") as handle:
-            digest.update(handle.read(1 << 20))
-            handle.seek(max(0, size - (1 << 20)))
-            digest.update(handle.read(1 << 20))
-    return digest.hexdigest()[:16]
+    """The target's digest as data/source.json records it (runtime.loader.checkpoint_digest: its
+    config.json and each weight file's name, size, first and last MiB)."""
+    return checkpoint_digest(model_dir)
 
 
 def read_source(data_dir: Path) -> dict[str, Any] | None:

@@ -170,6 +170,38 @@ def test_other_options_are_refused_until_overwrite(
     assert (out / "notes.txt").read_text() == "mine"
 
 
+def test_a_model_whose_weights_changed_is_refused(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """The same model path with other weights (a checkpoint saved again into its directory): a
+    resume would mix two models' outputs in one job without a word; the manifest keeps the
+    model's digest (config.json, each weight file's size, first and last MiB) and a rerun whose
+    model differs is refused. A manifest written before the digest was kept still resumes."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config, out, before = _finished_job(tmp_path, model, tiny_engine)
+    recorded = json.loads((out / "manifest.json").read_text())
+    assert len(recorded["config"]["model_digest"]) == 16
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor
+    weights.write_bytes(bytes(data))
+    manifest = (out / "manifest.json").read_text()
+    with pytest.raises(JobError) as err:
+        run_job(config, _factory(tiny_engine), progress=False)
+    assert str(err.value).startswith(f"{out} holds the outputs of a different job (model_digest: "
+                                     f"{recorded['config']['model_digest']!r} -> '")
+    assert str(err.value).endswith("'; the model's config.json or weights are not those the job "
+                                   "started with); rerun with --overwrite to discard them, or "
+                                   "choose another OUTPUT_DIR")
+    assert (out / "manifest.json").read_text() == manifest
+    # a manifest of an earlier version, without the digest: resumed as before
+    del recorded["config"]["model_digest"]
+    (out / "manifest.json").write_text(json.dumps(recorded))
+    summary = run_job(config, _factory(tiny_engine), progress=False)
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (5, 0, True)
+    assert read_parts(out).equals(before)
+
+
 def test_changed_input_is_refused(tmp_path: Path, tiny_model_dir: Path,
                                   tiny_engine: Engine) -> None:
     _inputs(tmp_path)
