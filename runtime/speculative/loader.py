@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, PretrainedConfig
 
 from runtime.loader import read_bin_shard, weight_files
-from runtime.model import check_activation
+from runtime.model import check_activation, head_dim_of
 
 IGNORED_KEYS = ("embed_tokens.weight", "t2d")
 _SPECULATORS_TOP_FIELDS = ("draft_vocab_size", "norm_before_residual", "target_hidden_size",
@@ -360,8 +360,10 @@ def check_fit(config: PretrainedConfig, state: dict[str, torch.Tensor], style: s
 
     if config.hidden_size != target.hidden_size:
         raise mismatch("hidden_size", config.hidden_size, target.hidden_size)
-    # Heads may differ from the target's (their number, KV heads, head_dim): the draft layers
-    # then form a KV cache group of their own, over the same block table (runtime.setup).
+    # The number of heads and KV heads may differ from the target's (the draft layers then form
+    # a KV cache group of their own, over the same block table: runtime.setup); head_dim may not
+    if head_dim_of(config) != head_dim_of(target):
+        raise mismatch("head_dim", head_dim_of(config), head_dim_of(target))
     shares_head = "lm_head.weight" not in state
     if shares_head and config.vocab_size != target.vocab_size:
         raise mismatch("vocab_size", config.vocab_size, target.vocab_size)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -210,6 +211,14 @@ def test_drafter_that_does_not_fit_names_the_field(tiny_model_dir: Path, tmp_pat
     with pytest.raises(DrafterMismatchError, match="hidden_size is 96 in the drafter but 64"):
         Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
                             drafter=str(drafter)))
+    # heads of another size (the target's 4 heads are of 16); other head counts do fit
+    drafter = make_random_drafter(tiny_model_dir, tmp_path / "head-dim", num_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    with pytest.raises(DrafterMismatchError, match=re.escape(
+            f"drafter {drafter} does not fit the target: head_dim is 32 in the drafter but 16 in "
+            "the target")):
+        Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
+                            drafter=str(drafter)))
 
 
 def test_drafter_with_a_damaged_weights_file_names_the_file(tiny_model_dir: Path,
@@ -269,17 +278,17 @@ def _counting(run_stack: Callable[..., list[torch.Tensor] | None], runs: list[in
     return counted
 
 
-@pytest.mark.parametrize("heads", [{}, {"num_attention_heads": 2, "num_key_value_heads": 1,
-                                       "head_dim": 64}], ids=["target's heads", "other heads"])
+@pytest.mark.parametrize("heads", [{}, {"num_attention_heads": 8, "num_key_value_heads": 4,
+                                       "head_dim": 32}], ids=["target's heads", "other heads"])
 @pytest.mark.parametrize("style", ["eagle1", "eagle3"])
 def test_drafter_layer_stack_gives_its_layers_bits(
         style: str, heads: dict[str, int], prompts: list[list[int]], tmp_path: Path) -> None:
     """On widths in whole panels the drafter's layers run as one C++ call
     (runtime.cpu_layer.CpuLayerStack), EAGLE-1's first layer without its input norm and
     EAGLE-3's on 2H inputs included: every draft step's hidden states are the bits of its
-    layers run one by one, and the tokens are the target's. A drafter's attention need not be
-    its target's (4 heads of 32, 2 KV heads; here 2 of 64, 1 KV head): its layers then have a
-    KV cache group of their own, over the same block table."""
+    layers run one by one, and the tokens are the target's. A drafter's head counts need not be
+    its target's (4 heads of 32, 2 KV heads; here 8 and 4, of 32): its layers then have a KV
+    cache group of their own, over the same block table."""
     assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
     model = make_tiny_checkpoint(tmp_path / "model", hidden_size=128, num_heads=4,
                                  num_kv_heads=2, intermediate_size=128)
