@@ -159,12 +159,12 @@ def test_cli_refuses_a_bad_init_drafter_before_making_data(tiny_model_dir: Path,
     empty.mkdir()
     # a drafter may run with other heads than its target's, but this job trains the target's
     other = make_random_drafter(tiny_model_dir, tmp_path / "other", num_layers=2,
-                                num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+                                num_attention_heads=8, num_key_value_heads=1, head_dim=16)
     cases = ((empty, "2", "no config.json"),
              (first, "1", "eagle1 with 2 layers; this job trains eagle1 with 1"),
-             (other, "2", "has num_attention_heads 2 (the target's: 4), num_key_value_heads 1 "
-                          "(the target's: 2), head_dim 32 (the target's: 16); this job trains "
-                          "drafters whose layers have the target's shape"))
+             (other, "2", "has num_attention_heads 8 (the target's: 4), num_key_value_heads 1 "
+                          "(the target's: 2); this job trains drafters whose layers have the "
+                          "target's shape"))
     for init, layers, words in cases:
         out = tmp_path / f"out-{layers}"
         result = CliRunner().invoke(main, [*base, str(out), "--layers", layers,
