@@ -37,7 +37,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from runtime.config import EngineConfig, SamplingParams
-from runtime.loader import checkpoint_digest
 from runtime.request import GenerationRequest
 
 ANSWERS = "answers.jsonl"
@@ -262,12 +261,6 @@ def build_feature_shards(model_dir: Path, data_dir: Path, layers: tuple[int, ...
             if progress is not None:
                 progress.update(len(chunks[i]))
     return paths
-
-
-def target_digest(model_dir: Path) -> str:
-    """The target's digest as data/source.json records it (runtime.loader.checkpoint_digest: its
-    config.json and each weight file's name, size, first and last MiB)."""
-    return checkpoint_digest(model_dir)
 
 
 def read_source(data_dir: Path) -> dict[str, Any] | None:

@@ -22,7 +22,13 @@ from tqdm import tqdm
 
 from runtime.config import EngineConfig
 from runtime.kv.groups import draft_layer_name
-from runtime.loader import load_model_config, load_state_dict, load_tokenizer, resolve_model
+from runtime.loader import (
+    checkpoint_digest,
+    load_model_config,
+    load_state_dict,
+    load_tokenizer,
+    resolve_model,
+)
 from runtime.model import CausalLM, head_dim_of
 from runtime.rope import RotaryEmbedding
 from runtime.speculative.checkpoint import drafter_config_dict
@@ -45,7 +51,6 @@ from runtime.speculative.train_data import (
     read_answers,
     read_shard,
     record_source,
-    target_digest,
 )
 from runtime.speculative.train_eval import (
     EvalResult,
@@ -104,7 +109,7 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
         load_init_drafter(job.init_drafter, job.style, job.num_layers, target_config)
     aux = train_aux_layer_ids(target_config.num_hidden_layers)
     layers = feature_layers(job.style, aux)
-    digest = target_digest(model_dir)
+    digest = checkpoint_digest(model_dir)  # data/source.json's target digest
     check_source(data_dir, job.model, digest, layers)
     check_answers_fit(data_dir, job.prompt_ids, job.prompts, load_tokenizer(model_dir))
     answers_before = len(read_answers(data_dir / ANSWERS))
@@ -292,12 +297,14 @@ def load_init_drafter(path: Path, style: str, num_layers: int, target_config: An
         raise ValueError(f"--init-drafter {path} is {ckpt.style} with "
                          f"{ckpt.config.num_hidden_layers} layers; this job trains "
                          f"{style} with {num_layers}")
+    # this job trains drafters shaped as the target's layers (a head_dim of the drafter's own is
+    # refused by load_drafter_checkpoint already)
     shape = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
-    mine = [getattr(ckpt.config, f) for f in shape] + [head_dim_of(ckpt.config)]
-    theirs = [getattr(target_config, f) for f in shape] + [head_dim_of(target_config)]
-    if mine != theirs:  # this job trains drafters shaped as the target's layers
+    mine = [getattr(ckpt.config, f) for f in shape]
+    theirs = [getattr(target_config, f) for f in shape]
+    if mine != theirs:
         differ = ", ".join(f"{f} {a} (the target's: {b})" for f, a, b in
-                           zip((*shape, "head_dim"), mine, theirs, strict=True) if a != b)
+                           zip(shape, mine, theirs, strict=True) if a != b)
         raise ValueError(f"--init-drafter {path} has {differ}; this job trains drafters whose "
                          "layers have the target's shape")
     if getattr(ckpt.config, "norm_before_residual", False):
