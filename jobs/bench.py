@@ -96,6 +96,11 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 @click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
               help="As in `generate`: the engine variants replay decode steps from CUDA graphs "
                    "(CUDA, torch attention backend).")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="As `generate` always does: requests reuse the KV of the prompt blocks they "
+                   "share (a chat template's system prompt). Each engine's cache is emptied "
+                   "before each run, so no run reuses an earlier run's prompts; the report says "
+                   "how many prompt tokens the cache served.")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1),
               help="New tokens per request at most (exactly, for random models: EOS ignored).")
 @click.option("--baseline", default="transformers", show_default=True,
@@ -159,7 +164,8 @@ def bench(**options: Any) -> None:
             ignore_eos=o["ignore_eos"], dtype=o["dtype"], device=o["device"],
             kv_cache_memory=o["kv_cache_memory"],
             max_num_batched_tokens=o["max_num_batched_tokens"], threads=o["threads"],
-            ceiling=o["ceiling"], overwrite=o["overwrite"]))
+            ceiling=o["ceiling"], overwrite=o["overwrite"],
+            prefix_caching=o["prefix_caching"]))
     except JobError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(_EXIT_USER_ERROR)

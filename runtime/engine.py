@@ -146,6 +146,11 @@ class Engine:
             self.scheduler.finish(seq, "abort")
         return len(unfinished)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (between requests only; see KVCacheManager): the next
+        requests share only what they share with each other. The number of blocks forgotten."""
+        return self.kv.reset_prefix_cache()
+
     def step(self, on_step: Callable[[int], None] | None = None) -> list[Completion]:
         out = self.scheduler.schedule()
         if not out.scheduled:

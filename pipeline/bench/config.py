@@ -63,6 +63,9 @@ class BenchConfig:
     draft_ngram_tokens: int = 0  # EngineConfig.draft_ngram_tokens of the k > 0 variants
     attention_backend: str = "auto"
     cuda_graphs: bool = False  # EngineConfig.cuda_graphs of every engine variant
+    # EngineConfig.enable_prefix_caching of every engine variant, the cache emptied before each
+    # run (so no run reuses an earlier run's prompts)
+    prefix_caching: bool = True
     max_tokens: int = 128
     baseline: str = "transformers"
     repeats: int = 3

@@ -30,14 +30,15 @@ _KV_SLACK = 1.25
 def engine_config(model_dir: Path, drafter: Path | None, k: int, batch_size: int,
                   workload: Workload, base: EngineConfig) -> EngineConfig:
     """base carries dtype, device, kv_cache_memory (None: sized here), the token budget, the
-    draft confidence and largest drafting batch, the int8 and n-gram switches of drafting and
-    the attention backend. Prefix caching is off so that repeats of the same prompts do not hit
-    the cache."""
+    draft confidence and largest drafting batch, the int8 and n-gram switches of drafting, the
+    attention backend and prefix caching (EngineVariant.run empties the cache before each run,
+    so that repeats of the same prompts do not hit it)."""
     config = EngineConfig(
         model=str(model_dir), drafter=str(drafter) if k and drafter else None,
         num_speculative_tokens=max(k, 1), max_num_seqs=batch_size, dtype=base.dtype,
         device=base.device, kv_cache_memory=base.kv_cache_memory,
-        max_num_batched_tokens=base.max_num_batched_tokens, enable_prefix_caching=False,
+        max_num_batched_tokens=base.max_num_batched_tokens,
+        enable_prefix_caching=base.enable_prefix_caching,
         draft_confidence=base.draft_confidence, draft_int8=base.draft_int8,
         draft_max_batch=base.draft_max_batch, q4_panels=base.q4_panels,
         draft_ngram=base.draft_ngram, draft_ngram_tokens=base.draft_ngram_tokens,
@@ -86,6 +87,8 @@ class EngineVariant:
         hf = self.engine.hf_config
         self.kv_bytes_per_token = (2 * hf.num_hidden_layers * hf.num_key_value_heads *
                                    head_dim_of(hf) * self.engine.placement.dtype.itemsize)
+        # of the last run: prompt tokens served from the prefix cache, and those looked up
+        self.prefix_hits = (0, 0)
 
     @property
     def tokenizer(self) -> object:
@@ -102,6 +105,11 @@ class EngineVariant:
         gpu_part_begins(device)
         requests = workload.requests()
         pulled = [0]
+        if record is None:  # a new run: it may reuse its own prompts' blocks, no earlier run's
+            self.engine.reset_prefix_cache()
+            self.prefix_hits = (0, 0)
+        kv = self.engine.kv
+        hits, queried = kv.hits_tokens, kv.queried_tokens
         record = (RunRecord(self.variant, self.k, self.config.max_num_seqs) if record is None
                   else record.resume())
         steps = _StepLog(record)
@@ -130,6 +138,8 @@ class EngineVariant:
             record.spec.draft_steps += completion.num_draft_steps
             record.spec.add_positions(completion.accepted_per_position)
         gpu_part_ends(device, record)
+        self.prefix_hits = (self.prefix_hits[0] + kv.hits_tokens - hits,
+                            self.prefix_hits[1] + kv.queried_tokens - queried)
         if record.decode_steps:
             record.decode_step_s = statistics.median(record.decode_steps)
             if self.bandwidth is not None:

@@ -147,6 +147,7 @@ def _header(meta: dict[str, Any], ran: list[int], rounds: dict[int, int] | None 
                         "hold fewer of the target's blocks" if speculative else ""))
     else:
         lines.append("- KV cache: sized for each engine's whole batch")
+    lines.append(_prefix_line(config, meta))
     if config.get("q4_panels"):
         lines.append(_q4_line(meta.get("q4_weights")))
     if config.get("cuda_graphs"):
@@ -234,6 +235,21 @@ def _q4_line(counts: list[int] | None) -> str:
     return (f"- 4-bit panels (`--q4-panels`): products of up to 12 rows read 4-bit copies of "
             f"the {with_q4} of {total} weight matrices that are exactly GGUF Q4_1 values (the "
             f"same bits)")
+
+
+def _prefix_line(config: dict[str, Any], meta: dict[str, Any]) -> str:
+    """Whether the engines cached prompt prefixes, and what that served (benches written before
+    the option ran without)."""
+    if not config.get("prefix_caching"):
+        flag = " (`--no-prefix-caching`)" if "prefix_caching" in config else ""
+        return f"- prefix caching off{flag}: every request computed its whole prompt"
+    hits = meta.get("prefix_cache_hits") or {}
+    served = "; ".join(f"batch {b}: {md.plural(h, 'prompt token')} of {q:,} ({h / q:.0%})"
+                       for b, (h, q) in sorted(hits.items(), key=lambda kv: int(kv[0])) if q)
+    return ("- prefix caching on, as in `generate`, emptied before each run (a run reuses only "
+            "the blocks its own requests share, such as a chat template's system prompt, never "
+            "an earlier run's prompts)" + (f"; served from the cache in the first k = 0 run: "
+                                           f"{served}" if served else ""))
 
 
 def _turns(meta: dict[str, Any]) -> str:

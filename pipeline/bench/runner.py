@@ -104,7 +104,8 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
                         draft_ngram=config.draft_ngram,
                         draft_ngram_tokens=config.draft_ngram_tokens,
                         attention_backend=config.attention_backend,
-                        cuda_graphs=config.cuda_graphs)
+                        cuda_graphs=config.cuda_graphs,
+                        enable_prefix_caching=config.prefix_caching)
     try:
         p = place(base)
     except PlacementError as exc:
@@ -248,6 +249,9 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                     runs[i] = variant.run(part, runs[i])
                 bar.update(runs_per_round * len(part.prompts))
             in_order = runs[-1:] + runs[:-1]  # the baseline first, as the rounds ran
+            if repeat == 0 and engines:  # what the prefix cache served in a run (the k = 0 one)
+                meta.setdefault("prefix_cache_hits", {})[str(batch_size)] = list(
+                    engines[0].prefix_hits)
             records += [(repeat, _timed(record)) for record in in_order if record is not None]
             on_round(records)
     finally:

@@ -208,6 +208,20 @@ class BlockPool:
             block.block_hash = None
             block.next_token = None
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (the free queue keeps its order); the number forgotten.
+        ValueError while a request still holds a block: its blocks may be cached, and a request
+        admitted later could no longer find what it was told it shares."""
+        held = sum(1 for block in self._blocks[1:] if block.ref_cnt)
+        if held:
+            raise ValueError(f"cannot reset the prefix cache: {held} blocks are still held")
+        forgotten = len(self._cached)
+        for block in self._cached.values():
+            block.block_hash = None
+            block.next_token = None
+        self._cached.clear()
+        return forgotten
+
     def _check_not_null(self, block: KVBlock) -> None:
         if block.block_id == NULL_BLOCK_ID:
             raise ValueError("block 0 is the reserved null block; it is never allocated or freed")

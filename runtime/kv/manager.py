@@ -90,6 +90,15 @@ class KVCacheManager:
         """The underlying block pool (for inspection; mutate it only through this manager)."""
         return self._pool
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix, so that later requests compute theirs again (a benchmark's
+        next run of the same prompts); the number of blocks forgotten. Only between requests:
+        ValueError while any request holds blocks."""
+        if self._requests:
+            raise ValueError(f"cannot reset the prefix cache while {len(self._requests)} "
+                             "requests hold blocks")
+        return self._pool.reset_prefix_cache()
+
     def block_ids(self, request_id: str) -> list[int]:
         """A copy of the request's block table; ValueError for an unknown request."""
         state = self._requests.get(request_id)

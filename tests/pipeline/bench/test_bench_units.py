@@ -287,7 +287,8 @@ def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> N
     assert ("> **Incomplete.** The bench stopped (it was killed?) before all its runs: batch "
             "size(s) [64] did not run; batch 4: 1 of 3 rounds.") in header
     # after the settings' list, not splitting it in two
-    assert header.endswith("\n- KV cache: sized for each engine's whole batch\n\n"
+    assert header.endswith("\n- KV cache: sized for each engine's whole batch\n"
+                           "- prefix caching off: every request computed its whole prompt\n\n"
                            "> **Incomplete.** The bench stopped (it was killed?) before all its "
                            "runs: batch size(s) [64] did not run; batch 4: 1 of 3 rounds.")
     assert ("- batch size(s) [4] exceed the 3 prompts: at most 3 requests were in flight "
@@ -359,6 +360,12 @@ def test_the_header_states_the_settings_that_change_the_figures() -> None:
             "share of it, so the k > 0 variants hold fewer of the target's blocks") in header
     small = {**meta, "config": {**meta["config"], "kv_cache_memory": 200 << 10}}
     assert "- KV cache: 200 KiB per engine (`--kv-cache-memory`)" in _header(small, [1])  # not 0
+    # prefix caching: off in benches written before the option; on, with no run recorded yet
+    assert header.endswith("- prefix caching off: every request computed its whole prompt")
+    cached = _header({**meta, "config": {**meta["config"], "prefix_caching": True}}, [1])
+    assert ("- prefix caching on, as in `generate`, emptied before each run (a run reuses only "
+            "the blocks its own requests share, such as a chat template's system prompt, never "
+            "an earlier run's prompts)") in cached
     plain = {**meta, "clamped": 0, "config": {**meta["config"], "ks": [0], "baseline":
                                               "transformers", "kv_cache_memory": None}}
     header = _header(plain, [1])

@@ -115,3 +115,18 @@ def test_no_prefix_caching_registers_nothing() -> None:
     (block,) = pool.get_new_blocks(1)
     pool.cache_full_block(block, 5)
     assert pool.get_cached_block(5) is None and block.block_hash is None
+
+
+def test_reset_prefix_cache_needs_every_block_free_and_drops_hashes_and_next_tokens() -> None:
+    pool = BlockPool(4)
+    blocks = pool.get_new_blocks(2)
+    for block, block_hash in zip(blocks, (11, 22), strict=True):
+        pool.cache_full_block(block, block_hash)
+    blocks[0].next_token = 7
+    with pytest.raises(ValueError, match="2 blocks are still held"):
+        pool.reset_prefix_cache()
+    pool.free_blocks(blocks)
+    assert pool.reset_prefix_cache() == 2
+    assert (pool.get_cached_block(11), pool.get_cached_block(22)) == (None, None)
+    assert [(b.block_hash, b.next_token) for b in blocks] == [(None, None), (None, None)]
+    assert pool.num_free_blocks == 3

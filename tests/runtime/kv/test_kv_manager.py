@@ -209,3 +209,22 @@ def test_every_hit_block_is_checked_as_a_chain_may_mix_requests_blocks() -> None
     manager.free("a", prefix + [50, 51])
     assert manager.get_computed_blocks(b + [65, 66]) == ComputedBlocks([1], 4)
     assert manager.get_computed_blocks(prefix + [50, 51]) == ComputedBlocks([1, 2], 8)
+
+
+def test_reset_prefix_cache_forgets_every_cached_block_between_requests_only() -> None:
+    manager = KVCacheManager(num_blocks=6, block_size=BS)
+    prompt = list(range(9))
+    manager.allocate_slots("a", prompt, 0, 9)  # blocks 1 and 2 full, so cached
+    with pytest.raises(ValueError, match="while 1 requests hold blocks"):
+        manager.reset_prefix_cache()
+    manager.free("a")
+    assert manager.get_computed_blocks(prompt) == ComputedBlocks([1, 2], 8)
+    assert manager.reset_prefix_cache() == 2
+    assert manager.get_computed_blocks(prompt) == ComputedBlocks([], 0)
+    assert [manager.pool.block(i).block_hash for i in range(1, 6)] == [None] * 5
+    assert manager.pool.free_queue_ids() == [4, 5, 3, 2, 1]  # the order of eviction is kept
+    assert manager.reset_prefix_cache() == 0
+    # the same prompt again computes and caches its blocks anew
+    assert manager.allocate_slots("b", prompt, 0, 9) == [4, 5, 3]
+    manager.free("b")
+    assert manager.get_computed_blocks(prompt) == ComputedBlocks([4, 5], 8)
