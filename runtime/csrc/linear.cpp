@@ -96,7 +96,8 @@ constexpr int64_t kSpan = 32;   // panel rows a span: 8 KB of float32, in L1 for
 constexpr int64_t kAhead = 32;  // panel rows a single tile fetches ahead in its second pass
 
 // What a pass fetches besides what it reads (span_pass): nothing; as the span's first pass, the
-// rest of each panel row into L1 and a share of `next` into L2; or panel rows kAhead ahead.
+// rest of each panel row into L1 and a share of `next` into L2; panel rows kAhead ahead; or only
+// the share of `next` (tiles_avx2).
 enum Fetch { kNone, kFirst, kAheadRows, kNextOnly };
 
 // One pass over panel rows c0 .. c1-1 for columns j0 .. j0 + 8 NB - 1 of Rows rows, continuing
@@ -115,16 +116,10 @@ inline __attribute__((always_inline)) void span_pass(
 #pragma GCC unroll 2
   for (int64_t c = c0; c < c1; ++c) {
     const W* w = panel + c * kPanel + j0;
-    if constexpr (F == kFirst) {
+    if constexpr (F == kFirst)
       for (int64_t line = used; line < lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(w) + 64 * line, _MM_HINT_T0);
-      if (next != nullptr && --countdown == 0) {
-        countdown = every;
-        for (int64_t line = 0; line < lines; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line,
-                       _MM_HINT_T1);
-      }
-    } else if constexpr (F == kNextOnly) {
+    if constexpr (F == kFirst || F == kNextOnly) {
       if (next != nullptr && --countdown == 0) {
         countdown = every;
         for (int64_t line = 0; line < lines; ++line)
@@ -181,7 +176,6 @@ void tile_avx2(const float* x, int64_t k, const W* panel, float (&out)[Rows][kPa
                                     countdown, every);
   }
 }
-
 #endif
 
 // A tile's float32 sums out[m] (m < Rows), times scale[j] and + bias[j] where given, stored to
