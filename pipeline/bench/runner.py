@@ -249,9 +249,10 @@ def _bench_batch_size(config: BenchConfig, models: BenchModels, workload: Worklo
                     runs[i] = variant.run(part, runs[i])
                 bar.update(runs_per_round * len(part.prompts))
             in_order = runs[-1:] + runs[:-1]  # the baseline first, as the rounds ran
-            if repeat == 0 and engines:  # what the prefix cache served in a run (the k = 0 one)
+            plain = next((v for v in engines if v.k == 0), None)  # (--k 2,0 lists it second)
+            if repeat == 0 and plain is not None:  # what the prefix cache served in its run
                 meta.setdefault("prefix_cache_hits", {})[str(batch_size)] = list(
-                    engines[0].prefix_hits)
+                    plain.prefix_hits)
             records += [(repeat, _timed(record)) for record in in_order if record is not None]
             on_round(records)
     finally:
