@@ -247,14 +247,17 @@ def transpose_linear_weights(module: nn.Module) -> None:
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] -> [ceil(out / 64), in, 64]: panel p holds output columns 64p .. 64p + 63 of
-    weight.T, zero past `out` (the layout panel_linear reads)."""
+    """[out, in] -> [ceil(out / 64), 64 / strip, in, strip]: panel p holds output columns
+    64p .. 64p + 63 of weight.T, zero past `out`, as strips of `strip` columns (the layout
+    panel_linear reads: whole panels with AVX-512, strips of 8 with AVX2; panel_strip())."""
     out_features, in_features = weight.shape
     num_panels = -(-out_features // PANEL)
+    strip = torch.ops.eaglebatch.panel_strip() if load_cpu_kernels() else PANEL
     padded = weight.detach()
     if out_features % PANEL:  # (F.pad copies even when it pads nothing)
         padded = F.pad(padded, (0, 0, 0, num_panels * PANEL - out_features))
-    return padded.reshape(num_panels, PANEL, in_features).transpose(1, 2).contiguous()
+    return (padded.reshape(num_panels, PANEL // strip, strip, in_features).transpose(2, 3)
+            .contiguous())
 
 
 class PrepackedLinear(nn.Module):

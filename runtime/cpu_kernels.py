@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 _SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
-_OPS = ("paged_attention", "panel_linear", "panel_linear_parts", "panel_entries", "argmax_rows",
-        "head_candidates", "head_int8_dots", "rms_norm", "rope", "write_kv")
+_OPS = ("paged_attention", "panel_linear", "panel_linear_parts", "panel_entries", "panel_strip",
+        "argmax_rows", "head_candidates", "head_int8_dots", "rms_norm", "rope", "write_kv")
 # -fopenmp: at::parallel_for only runs on several threads when the extension itself is compiled
 # with OpenMP (without it, every kernel ran on one thread whatever torch.set_num_threads said).
 # The link names libgomp.so.1, the soname torch's wheel ships and has already loaded, so the

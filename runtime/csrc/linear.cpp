@@ -1,7 +1,8 @@
-// y = x W^T + b on a copy of W packed in panels of 64 output columns: panel p is a [K, 64] block
-// holding columns 64p .. 64p + 63 of W^T (zero past N), so a product streams each panel front to
-// back once per 192 rows of x: at a few rows (decode, draft verification) it runs at the speed of
-// reading the weights. Registered as torch.ops.eaglebatch.panel_linear.
+// y = x W^T + b on a copy of W packed in panels of 64 output columns: panel p holds columns
+// 64p .. 64p + 63 of W^T (zero past N) for k = 0 .. K-1, in strips of kStrip columns (below), so a
+// product streams each panel front to back once per 192 rows of x: at a few rows (decode, draft
+// verification) it runs at the speed of reading the weights. Registered as
+// torch.ops.eaglebatch.panel_linear.
 //
 // Each output y[m, n] is one chain of fused multiply-adds over k = 0 .. K-1 in order, then + b[n],
 // whatever the number of rows and wherever row m falls in its tile: a row's result does not depend
@@ -43,6 +44,18 @@ constexpr int64_t kChunk = 192;  // rows per pass over the panels (prefill; 96 -
 constexpr int64_t kFarBytes = 16384;  // bytes fetched into L2 ahead (see tile)
 constexpr int kFarRows = 5;  // a single tile fetches ahead from this many rows (see tile)
 
+// A panel is stored as strips of kStrip columns, one after the other: strip s holds columns
+// 64p + kStrip s .. 64p + kStrip (s + 1) - 1 for k = 0 .. K-1 ([K, kStrip]), so the panels
+// tensor is [ceil(N / 64), 64 / kStrip, K, kStrip] (runtime.cpu_gemm.pack_panels asks
+// panel_strip()). With AVX-512 and in the portable code one strip is the whole panel; with AVX2 a
+// strip is one register's 8 columns (see tile_avx2).
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kStrip = 8;
+#else
+constexpr int64_t kStrip = kPanel;
+#endif
+constexpr int64_t kStrips = kPanel / kStrip;
+
 using bf16_bits = uint16_t;  // a bfloat16 value: the high 16 bits of a float32
 
 inline float widen(float w) { return w; }
@@ -77,104 +90,80 @@ inline __m256 load8(const int8_t* w) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
 }
 
-// AVX2 has 16 vector registers of 8 floats: a tile's 64 columns go in blocks small enough that
-// their accumulators stay in registers (1 row: all 8 blocks; 2-3 rows: 4 + 4; 4 rows: 3 + 3 + 2;
-// 5-6 rows: 2 x 4). The panel goes by spans of kSpan rows: the first block's pass over a span
-// reads it from memory (fetching the rest of each row), the other blocks' passes read it again
-// from L1, and the sums wait in `out` between spans. Each output is still one FMA chain over c in
-// order: the same bits as the AVX-512 and portable code. (The portable loop kept the sums in
-// memory: on an AVX2 CPU a 3-row product cost ~1.6x a 1-row one, where reading the weights
-// should bound both.)
+// AVX2 has 16 vector registers of 8 floats, and the panels come in strips of 8 columns (kStrip):
+// a pass over S strips keeps S accumulators a row and reads S streams of weights at once. A
+// single tile runs whole-panel passes over as many strips as its accumulators fit (1 row: all 8;
+// 2-3 rows: 4 + 4; 4 rows: 3 + 3 + 2; 5-6 rows: 2 x 4): every weight is read once, from memory,
+// by one pass, and each pass keeps S streams in flight. Each output is still one FMA chain over c
+// in order: the same bits as the AVX-512 and portable code.
 //
-// A single tile (a product of 2-6 rows: decode and draft verification at small batches) also
-// fetches kAhead panel rows ahead into L2 during its second pass, which reads only L1: without
-// it memory idles while that pass computes. A 4-row product of 30 layers' shapes streamed at
-// 22-23 -> 25-26 GB/s, 6 rows 21-22 -> 24-25 (AMD EPYC, AVX2, 2 threads; 2-3 rows unchanged).
-// Four rows take three passes of 3, 3 and 2 blocks (4 x 3 accumulators, 3 weights and a
-// broadcast fill the 16 registers) instead of four of 2.
-constexpr int64_t kSpan = 32;   // panel rows a span: 8 KB of float32, in L1 for the later passes
-constexpr int64_t kAhead = 32;  // panel rows a single tile fetches ahead in its second pass
+// Several streams are what make this fast: 30 layers of the default model's products (2 threads,
+// AMD EPYC Zen 3 without AVX-512) took 9.5 ms at one row when a pass read one stream of whole
+// 256-byte panel rows, 7.4 ms with 8 strips of 8 columns; 3 rows 12.6 -> 8.1, 4 rows 13.0 -> 9.0
+// (the old layout's spans of 32 panel rows read the rest of a span from L1 after its first pass,
+// and while a core computes over L1 its memory does not stream).
 
-// What a pass fetches besides what it reads (span_pass): nothing; as the span's first pass, the
-// rest of each panel row into L1 and a share of `next` into L2; panel rows kAhead ahead; or only
-// the share of `next` (tiles_avx2).
-enum Fetch { kNone, kFirst, kAheadRows, kNextOnly };
-
-// One pass over panel rows c0 .. c1-1 for columns j0 .. j0 + 8 NB - 1 of Rows rows, continuing
-// the sums in out. The fetches are a template argument, so the loop has no branch on them, and
-// it is unrolled by 2 (a 6-row tile on a panel in L2: 31.6 -> 29.3 cycles a panel row; 30
-// layers at 64 rows 97.5-99.0 -> 92.6-94.0 ms).
-template <int Rows, int NB, Fetch F, typename W>
-inline __attribute__((always_inline)) void span_pass(
-    const float* x, int64_t k, const W* panel, float (&out)[Rows][kPanel], int64_t j0,
+// One pass over panel rows c0 .. c1-1 of strips s0 .. s0 + S - 1 (columns 8 s0 .. 8 (s0 + S) - 1)
+// of Rows rows, continuing the sums in out. With Next, it also fetches rows phase, phase + every,
+// ... (countdown) of the panel `next` into L2, as a panel row's worth of its bytes each. Unrolled
+// by 2 (a 6-row tile on a panel in L2: 31.6 -> 29.3 cycles a panel row; 30 layers at 64 rows
+// 97.5-99.0 -> 92.6-94.0 ms).
+template <int Rows, int S, bool Next, typename W>
+inline __attribute__((always_inline)) void strip_pass(
+    const float* x, int64_t k, const W* panel, float (&out)[Rows][kPanel], int64_t s0,
     int64_t c0, int64_t c1, const W* next, int64_t& countdown, int64_t every) {
-  constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
-  constexpr int64_t used = (sizeof(W) * 8 * NB) / 64;  // of them read by the first pass
-  __m256 acc[Rows][NB];
+  constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines a panel row's worth
+  const W* base = panel + s0 * k * kStrip;
+  const int64_t gap = k * kStrip;  // from one strip to the next
+  __m256 acc[Rows][S];
   for (int m = 0; m < Rows; ++m)
-    for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_loadu_ps(out[m] + j0 + 8 * i);
+    for (int i = 0; i < S; ++i) acc[m][i] = _mm256_loadu_ps(out[m] + kStrip * (s0 + i));
 #pragma GCC unroll 2
   for (int64_t c = c0; c < c1; ++c) {
-    const W* w = panel + c * kPanel + j0;
-    if constexpr (F == kFirst)
-      for (int64_t line = used; line < lines; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(w) + 64 * line, _MM_HINT_T0);
-    if constexpr (F == kFirst || F == kNextOnly) {
+    if constexpr (Next) {
       if (next != nullptr && --countdown == 0) {
         countdown = every;
         for (int64_t line = 0; line < lines; ++line)
           _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line,
                        _MM_HINT_T1);
       }
-    } else if constexpr (F == kAheadRows) {
-      if (c + kAhead < k)
-        for (int64_t line = 0; line < lines; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(panel + (c + kAhead) * kPanel) + 64 * line,
-                       _MM_HINT_T1);
     }
-    if constexpr (Rows * NB + NB + 1 <= 16) {  // the blocks' weights, then a row at a time
-      __m256 wv[NB];
-      for (int i = 0; i < NB; ++i) wv[i] = load8(w + 8 * i);
+    const W* w = base + c * kStrip;
+    if constexpr (Rows * S + S + 1 <= 16) {  // the strips' weights, then a row at a time
+      __m256 wv[S];
+      for (int i = 0; i < S; ++i) wv[i] = load8(w + i * gap);
 #pragma GCC unroll 8
       for (int m = 0; m < Rows; ++m) {
         const __m256 b = _mm256_set1_ps(x[m * k + c]);
-        for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_fmadd_ps(b, wv[i], acc[m][i]);
+        for (int i = 0; i < S; ++i) acc[m][i] = _mm256_fmadd_ps(b, wv[i], acc[m][i]);
       }
-    } else {  // the rows' broadcasts, then a block's weights at a time
+    } else {  // the rows' broadcasts, then a strip's weights at a time
       __m256 b[Rows];
       for (int m = 0; m < Rows; ++m) b[m] = _mm256_set1_ps(x[m * k + c]);
 #pragma GCC unroll 8
-      for (int i = 0; i < NB; ++i) {
-        const __m256 wv = load8(w + 8 * i);
+      for (int i = 0; i < S; ++i) {
+        const __m256 wv = load8(w + i * gap);
         for (int m = 0; m < Rows; ++m) acc[m][i] = _mm256_fmadd_ps(b[m], wv, acc[m][i]);
       }
     }
   }
   for (int m = 0; m < Rows; ++m)
-    for (int i = 0; i < NB; ++i) _mm256_storeu_ps(out[m] + j0 + 8 * i, acc[m][i]);
+    for (int i = 0; i < S; ++i) _mm256_storeu_ps(out[m] + kStrip * (s0 + i), acc[m][i]);
 }
 
 template <int Rows, typename W>
 void tile_avx2(const float* x, int64_t k, const W* panel, float (&out)[Rows][kPanel],
                const W* next, int64_t phase, int64_t every) {
-  constexpr int NB = Rows == 1 ? 8 : (Rows <= 3 ? 4 : (Rows == 4 ? 3 : 2));  // blocks a pass
-  constexpr int kRest = 8 % NB;  // blocks of the last pass, when NB does not divide 8
-  const bool ahead = every == 1 && Rows > 1;  // a single tile
-  int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
+  constexpr int S = Rows == 1 ? 8 : (Rows <= 3 ? 4 : (Rows == 4 ? 3 : 2));  // strips a pass
+  constexpr int kRest = kStrips % S;  // strips of the last pass, when S does not divide 8
+  int64_t countdown = phase + 1;  // the first pass fetches rows phase, phase + every, ... of next
   for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
-  for (int64_t c0 = 0; c0 < k; c0 += kSpan) {
-    const int64_t c1 = std::min(k, c0 + kSpan);
-    span_pass<Rows, NB, kFirst>(x, k, panel, out, 0, c0, c1, next, countdown, every);
-    for (int64_t j0 = 8 * NB; j0 + 8 * NB <= kPanel; j0 += 8 * NB) {
-      if (ahead && j0 == 8 * NB)
-        span_pass<Rows, NB, kAheadRows>(x, k, panel, out, j0, c0, c1, next, countdown, every);
-      else
-        span_pass<Rows, NB, kNone>(x, k, panel, out, j0, c0, c1, next, countdown, every);
-    }
-    if constexpr (kRest != 0)
-      span_pass<Rows, kRest, kNone>(x, k, panel, out, kPanel - 8 * kRest, c0, c1, next,
-                                    countdown, every);
-  }
+  strip_pass<Rows, S, true>(x, k, panel, out, 0, 0, k, next, countdown, every);
+  for (int64_t s0 = S; s0 + S <= kStrips; s0 += S)
+    strip_pass<Rows, S, false>(x, k, panel, out, s0, 0, k, next, countdown, every);
+  if constexpr (kRest != 0)
+    strip_pass<Rows, kRest, false>(x, k, panel, out, kStrips - kRest, 0, k, next, countdown,
+                                   every);
 }
 #endif
 
@@ -265,9 +254,11 @@ void tiles_avx2(const float* xp, int64_t k, const W* panel, const float* scale,
           constexpr int R = decltype(rows)::value;
           auto& out = reinterpret_cast<float (&)[R][kPanel]>(sums[t]);
           if (j0 == 0)
-            span_pass<R, 2, kNextOnly>(xm, k, panel, out, j0, c0, c1, next, countdown, count);
+            strip_pass<R, 2, true>(xm, k, panel, out, j0 / kStrip, c0, c1, next, countdown,
+                                   count);
           else
-            span_pass<R, 2, kNone>(xm, k, panel, out, j0, c0, c1, next, countdown, count);
+            strip_pass<R, 2, false>(xm, k, panel, out, j0 / kStrip, c0, c1, next, countdown,
+                                    count);
         });
       }
     }
@@ -305,6 +296,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
           float* y, int64_t ldy, int64_t cols, const W* next, int64_t phase, int64_t every) {
   alignas(64) float out[Rows][kPanel];
 #ifdef __AVX512F__
+  static_assert(kStrip == kPanel, "the AVX-512 tile reads whole panel rows");
   constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
   constexpr int64_t far = kFarBytes / (64 * lines);    // panel rows in kFarBytes
   int64_t countdown = phase + 1;  // fetches rows phase, phase + every, ... of `next`
@@ -329,6 +321,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
 #elif defined(__AVX2__) && defined(__FMA__)
   tile_avx2<Rows>(x, k, panel, out, next, phase, every);
 #else
+  static_assert(kStrip == kPanel, "the portable tile reads whole panel rows");
   (void)next, (void)phase, (void)every;
   for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel, 0.f);
   for (int64_t c = 0; c < k; ++c) {
@@ -436,10 +429,11 @@ const float* check_product(const at::Tensor& x, const at::Tensor& panels, int64_
   const auto type = panels.scalar_type();
   TORCH_CHECK(panels.is_contiguous() &&
               (type == at::kFloat || type == at::kBFloat16 || type == at::kChar) &&
-              panels.dim() == 3 && panels.size(1) == k && panels.size(2) == kPanel &&
-              num_panels * kPanel >= n && (num_panels - 1) * kPanel < n,
-              "panel_linear: panels must be [ceil(n / 64), in_features, 64] float32, bfloat16 "
-              "or int8");
+              panels.dim() == 4 && panels.size(1) == kStrips && panels.size(2) == k &&
+              panels.size(3) == kStrip && num_panels * kPanel >= n &&
+              (num_panels - 1) * kPanel < n,
+              "panel_linear: panels must be [ceil(n / 64), 64 / strip, in_features, strip] "
+              "float32, bfloat16 or int8 (strip: panel_strip())");
   const bool scaled = scales.has_value() && scales->defined();
   TORCH_CHECK(scaled == (type == at::kChar),
               "panel_linear: int8 panels need scales, and only int8 panels take them");
@@ -451,7 +445,7 @@ const float* check_product(const at::Tensor& x, const at::Tensor& panels, int64_
 }
 
 at::Tensor panel_linear(const at::Tensor& x,        // [rows, K] float32, contiguous
-                        const at::Tensor& panels,   // [ceil(N / 64), K, 64] float32, bf16 or int8
+                        const at::Tensor& panels,   // [ceil(N / 64), 64 / strip, K, strip]
                         const c10::optional<at::Tensor>& bias,  // [N] or None
                         int64_t n,
                         const c10::optional<at::Tensor>& scales) {  // [panels * 64]: int8 only
@@ -511,9 +505,10 @@ void run_entries(const float* xp, const W* wp, const float* b, float* yp,
   for (int64_t e = 0; e < count; ++e) {
     const int64_t col = col_ids[e];
     const float* x = xp + row_ids[e] * k;
-    const W* w = wp + (col / kPanel) * k * kPanel + col % kPanel;
+    const int64_t j = col % kPanel;  // the column in its panel
+    const W* w = wp + (col / kPanel) * k * kPanel + (j / kStrip) * k * kStrip + j % kStrip;
     float acc = 0.f;
-    for (int64_t c = 0; c < k; ++c) acc = std::fma(x[c], widen(w[c * kPanel]), acc);
+    for (int64_t c = 0; c < k; ++c) acc = std::fma(x[c], widen(w[c * kStrip]), acc);
     if (b != nullptr) acc += b[col];
     yp[e] = acc;
   }
@@ -525,10 +520,11 @@ at::Tensor panel_entries(const at::Tensor& x, const at::Tensor& panels,
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
               "panel_entries: x must be a contiguous 2-d float32 tensor");
   const int64_t k = x.size(1);
-  TORCH_CHECK(panels.is_contiguous() && panels.dim() == 3 && panels.size(1) == k &&
-              panels.size(2) == kPanel && panels.size(0) * kPanel >= n &&
+  TORCH_CHECK(panels.is_contiguous() && panels.dim() == 4 && panels.size(1) == kStrips &&
+              panels.size(2) == k && panels.size(3) == kStrip && panels.size(0) * kPanel >= n &&
               (panels.scalar_type() == at::kFloat || panels.scalar_type() == at::kBFloat16),
-              "panel_entries: panels must be [ceil(n / 64), in_features, 64] float32 or bfloat16");
+              "panel_entries: panels must be [ceil(n / 64), 64 / strip, in_features, strip] "
+              "float32 or bfloat16 (strip: panel_strip())");
   TORCH_CHECK(row_ids.scalar_type() == at::kLong && col_ids.scalar_type() == at::kLong &&
               row_ids.is_contiguous() && col_ids.is_contiguous() &&
               row_ids.numel() == col_ids.numel(), "panel_entries: int64 row and column ids");
@@ -676,9 +672,13 @@ std::vector<at::Tensor> panel_linear_parts_q4(const at::Tensor& x, const at::Ten
   return out;
 }
 
+// The columns of a strip in this build's panels (see kStrip).
+int64_t panel_strip() { return kStrip; }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglebatch, m) {
+  m.def("panel_strip() -> int", &panel_strip);
   m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int n, Tensor? scales=None) "
         "-> Tensor");
   m.def("panel_linear_parts(Tensor x, Tensor panels, Tensor? bias, int[] parts, "
