@@ -223,15 +223,16 @@ inline void store_acc(const __m512 (&acc)[Rows][4], float (&out)[Rows][kPanel]) 
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 // Several tiles on one panel (rows first .. last-1 of x, at least kBlockedTiles tiles): k-block
-// by k-block, and in each, 16 columns at a time, every tile passes over the same weights, which
-// stay in L1, their sums waiting in `sums` between passes. Each output is still one FMA chain
-// over c in order: the same bits as tile(). Each tile's first pass of a k-block fetches its share
-// of `next` into L2. Against one tile after the other (tile_avx2: per tile, spans of 32 panel
-// rows, the first pass of each fetching the rest of its rows into L1), interleaved in one process
-// on the AMD EPYC with AVX2 (2 threads, 30 layers of the default model's products with their own
-// weights, and its head): 64 rows 123.3 -> 106.7 ms; 32 rows +6%; 192 rows +18%. The k-block's
-// length barely matters (64 to 576 rows within 2%); from 3 tiles down it lost (8 rows -7%, 16
-// rows -2%: a 2-row tile then runs its 16 columns at a time too), hence kBlockedTiles.
+// by k-block, and in each, two strips (16 columns) at a time, every tile passes over the same
+// weights, which stay in L1, their sums waiting in `sums` between passes. Each output is still one
+// FMA chain over c in order: the same bits as tile(). Each tile's first pass of a k-block fetches
+// its share of `next` into L2. Against one tile after the other (then in spans of 32 panel rows of
+// whole 64-column rows), interleaved in one process on the AMD EPYC with AVX2 (2 threads, 30
+// layers of the default model's products with their own weights, and its head): 64 rows 123.3 ->
+// 106.7 ms; 32 rows +6%; 192 rows +18%. The k-block's length barely matters (64 to 576 rows
+// within 2%). With 2-3 tiles, one tile after the other (tile_avx2) stays faster: in strips, 8 /
+// 12 / 16 rows took 22.9 / 27.0 / 34.9 ms that way and 24.8 / 28.5 / 35.6 k-blocked, hence
+// kBlockedTiles.
 constexpr int64_t kBlockK = 128;  // panel rows a k-block: 8 KB of 16 columns
 constexpr int64_t kMaxTiles = kChunk / kMaxRows;
 constexpr int64_t kBlockedTiles = 4;
@@ -280,8 +281,8 @@ void tiles_avx2(const float* xp, int64_t k, const W* panel, const float* scale,
 // Fetching ahead: a panel's tiles (7+ rows) bring the thread's next panel into L2 while they
 // compute, each a share of its rows (see run_panels), so its tiles then read it from L2, bound by
 // arithmetic, while memory streams the panel after it (16 rows: 31.7 -> 24.0 ms for the 30
-// layers of the default model on 2 cores). The first tile of such a pass, and a single tile of
-// kFarRows or more rows, also fetch kFarBytes ahead into L2 (without it a 5-row product took ~30%
+// layers of the default model on 2 cores). With AVX-512, the first tile of such a pass, and a
+// single tile of kFarRows or more rows, also fetch kFarBytes ahead into L2 (without it a 5-row product took ~30%
 // longer than a 4-row one, AMD EPYC). A single tile of 1-4 rows fetches nothing: the hardware
 // prefetchers stream its panel. With the weights in huge pages (runtime/huge_pages.py) its own
 // fetches only cost: dropping them (and a near fetch 8 rows ahead into L1 that every tile made)
