@@ -216,10 +216,8 @@ class BlockPool:
         if held:
             raise ValueError(f"cannot reset the prefix cache: {held} blocks are still held")
         forgotten = len(self._cached)
-        for block in self._cached.values():
-            block.block_hash = None
-            block.next_token = None
-        self._cached.clear()
+        for block in list(self._cached.values()):
+            self.uncache(block)
         return forgotten
 
     def _check_not_null(self, block: KVBlock) -> None:
