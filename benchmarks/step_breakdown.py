@@ -1,8 +1,11 @@
-"""Where a decode step's time goes, without and with the drafter, at batch 1.
+"""Where a decode step's time goes, without and with the drafter.
 
 Runs the same prompts through two engines that share the target's weights (k = 0, and the
-drafter at k = K), one prompt each in turn so that a drift of the machine's speed hits both
-alike, and times the parts of every decode step (prompt steps are left out):
+drafter at k = K). At batch 1 (the default) they take one prompt each in turn, so that a drift
+of the machine's speed hits both alike; at `--batch-size B` each engine takes all the prompts,
+B at a time, drafting in every step (as `eaglebatch bench` does), and the two alternate over
+`--repeats` runs. It times the parts of every decode step (steps that feed prompt tokens are
+left out):
 
 - target: the target model's forward over the step's rows (1 without drafts, 1 + drafts with);
 - head + verify: the LM head's argmax (the exact greedy head) and the draft verification;
@@ -13,6 +16,7 @@ It prints the medians per decode step and the ratio the parts imply, tokens per 
 drafted step's cost relative to the plain one (what `eaglebatch bench` measures end to end):
 
     PYTHONPATH=. python benchmarks/step_breakdown.py --num-prompts 8 --k 2 --threads 2
+    PYTHONPATH=. python benchmarks/step_breakdown.py --num-prompts 16 --batch-size 16 --repeats 3
 """
 
 from __future__ import annotations
@@ -119,8 +123,13 @@ def _time_forwards(model: torch.nn.Module) -> None:
               help="Drafter directory; 'auto': the one shipped for the default model.")
 @click.option("--max-tokens", default=128, show_default=True, help="New tokens per prompt.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's).")
+@click.option("--batch-size", default=1, show_default=True,
+              help="Requests per step (the engines' --max-num-seqs); above 1 the drafter drafts "
+                   "in every step.")
+@click.option("--repeats", default=3, show_default=True,
+              help="Runs of all the prompts per engine when --batch-size is above 1.")
 def main(prompts: str, num_prompts: int, k: int, drafter: str, max_tokens: int,
-         threads: int | None) -> None:
+         threads: int | None, batch_size: int, repeats: int) -> None:
     if threads:
         torch.set_num_threads(threads)
     model_dir = resolve_model(DEFAULT_MODEL)
@@ -131,20 +140,29 @@ def main(prompts: str, num_prompts: int, k: int, drafter: str, max_tokens: int,
     tokenizer = load_tokenizer(model_dir)
     workload = build_workload(read_prompts(prompts, "prompt", num_prompts), "prompt", None,
                               tokenizer, 2048, max_tokens, True, False)
-    # the engines `eaglebatch bench` builds at batch 1, with its defaults
+    # the engines `eaglebatch bench` builds, with its defaults (draft_max_batch None: drafts in
+    # every step)
     base = EngineConfig(kv_cache_memory=1 << 28, draft_int8=True, draft_ngram=True,
                         draft_ngram_tokens=CLI_DRAFT_NGRAM_TOKENS,
                         draft_confidence=CLI_DRAFT_CONFIDENCE)
-    plain = Engine(engine_config(model_dir, None, 0, 1, workload, base))
-    drafted = Engine(engine_config(model_dir, drafter_dir, k, 1, workload, base), plain.model)
+    plain = Engine(engine_config(model_dir, None, 0, batch_size, workload, base))
+    drafted = Engine(engine_config(model_dir, drafter_dir, k, batch_size, workload, base),
+                     plain.model)
     requests = workload.requests()
     for engine in (plain, drafted):  # warm-up, untimed
-        list(engine.generate(requests[:1]))
+        list(engine.generate(requests[:batch_size]))
     timers = [StepTimer(plain), StepTimer(drafted)]
     outputs: list[list[tuple[int, ...]]] = [[], []]
-    for request in requests:
-        for i, engine in enumerate((plain, drafted)):
-            outputs[i] += [c.token_ids for c in engine.generate([request])]
+    if batch_size == 1:
+        for request in requests:
+            for i, engine in enumerate((plain, drafted)):
+                outputs[i] += [c.token_ids for c in engine.generate([request])]
+    else:
+        for _ in range(repeats):
+            for i, engine in enumerate((plain, drafted)):
+                engine.reset_prefix_cache()
+                done = {c.request_id: c.token_ids for c in engine.generate(requests)}
+                outputs[i] = [done[r.request_id] for r in requests]
     same = outputs[0] == outputs[1]
     (p, p_tokens), (d, d_tokens) = ((t.medians(), t.tokens / len(t.steps)) for t in timers)
     print(f"{len(requests)} prompts, {sum(map(len, outputs[0]))} tokens, outputs equal: {same}")
