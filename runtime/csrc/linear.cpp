@@ -43,11 +43,11 @@ constexpr int64_t kChunk = 192;  // rows per pass over the panels (prefill; 96 -
                                  // layers at 192 rows ~145 -> ~138 ms, Xeon, 2 threads)
 constexpr int64_t kFarBytes = 16384;  // bytes fetched into L2 ahead (see tile)
 
-// A single tile of kFarRows or more rows fetches kFarBytes ahead (see tile): 2 on Intel's
-// cores, 5 on others (AMD's). Read once, when the library loads.
+// A single tile of kFarRows or more rows fetches kFarBytes ahead (see tile): every one on
+// Intel's cores, 5 rows or more on others (AMD's). Read once, when the library loads.
 int detect_far_rows() {
   __builtin_cpu_init();
-  return __builtin_cpu_is("intel") ? 2 : 5;
+  return __builtin_cpu_is("intel") ? 1 : 5;
 }
 const int kFarRows = detect_far_rows();
 
@@ -295,10 +295,10 @@ void tiles_avx2(const float* xp, int64_t k, const W* panel, const float* scale,
 // (runtime/huge_pages.py) its own fetches only cost: dropping them (and a near fetch 8 rows ahead
 // into L1 that every tile made) gave, in one process alternating both kernels, batch 1 plain
 // +5-11% and drafted +11-15% tokens/s (8 prompts, 3 runs; with 4 KiB pages +0.5-7% and +1.5-7%),
-// the same at 5-48 rows. Intel's cores need the far fetch from 2 rows on, huge pages or not: 30
-// layers' products (2 threads, Xeon with AMX, huge pages, interleaved) at 2 / 3 / 4 rows took
-// 15.3 / 17.2 / 19.6 ms without it, 14.0 / 14.3 / 14.8 with it (1 row 13.5 either way; 8 or 32
-// KB ahead instead of 16 within 1%). Of a several-tile pass
+// the same at 5-48 rows. Intel's cores need the far fetch, huge pages or not: 30 layers'
+// products (2 threads, Xeon with AMX, huge pages, interleaved) at 2 / 3 / 4 rows took 15.3 /
+// 17.2 / 19.6 ms without it, 14.0 / 14.3 / 14.8 with it (1 row 13.5 either way; 8 or 32 KB
+// ahead instead of 16 within 1%); on int8 panels 1 row 3.29 -> 2.84 ms. Of a several-tile pass
 // only the first tile fetches ahead (the panel is in L2 for the others: the far fetches only took
 // load slots from the products: 30 layers at 48 / 64 rows 47.0 / 57.9 -> 44.1 / 54.8 ms, Xeon, 2
 // threads).
