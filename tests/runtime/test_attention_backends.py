@@ -4,6 +4,7 @@ without a sliding window, for GQA and plain multi-head layouts; and the kernel's
 themselves across batches, chunkings, paths and thread counts."""
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterable
 
 import pytest
@@ -211,3 +212,30 @@ def _assert_rows_alone_equal_the_chunk(heads: int, kv_heads: int, dim: int, wind
         alone = backend.forward(query[row:row + 1], key[row:row + 1], value[row:row + 1],
                                 cache, step)
         assert torch.equal(alone, whole[row:row + 1]), f"row {row}"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="flushing subnormals is x86's FTZ / DAZ")
+def test_a_subnormal_weighted_value_adds_nothing() -> None:
+    """One key's score is 100 above the 39 others': each of theirs gets the weight exp(-87)
+    (the softmax's floor, ~1.6e-38), and times a value of 0.5 that is subnormal, which the
+    kernel flushes to zero (a microcode assist per product on Intel's cores otherwise). So a
+    dimension where the top key's value is 0 and every other key's is 0.5 comes out exactly 0
+    (without the flush: 39 subnormal terms, ~3.2e-37), and a dimension of all 1s exactly 1."""
+    dim, keys = 16, 40
+    cache = torch.zeros(2, 4, BLOCK_SIZE, 1, dim)
+    slots = list(range(BLOCK_SIZE, BLOCK_SIZE + keys))  # blocks 1, 2 and 3
+    k_rows, v_rows = cache[0].view(-1, dim), cache[1].view(-1, dim)
+    k_rows[slots, 0] = 0.0
+    k_rows[slots[0], 0] = 100.0  # q = e_0 at scale 1: scores 100, then 39 zeros
+    v_rows[slots, 0] = 0.5
+    v_rows[slots[0], 0] = 0.0
+    v_rows[slots, 1] = 1.0
+    query = torch.zeros(1, 1, dim)
+    query[0, 0, 0] = 1.0
+    md = build_attention_metadata([1], [keys], [[1, 2, 3]], [slots[-1]], torch.device("cpu"))
+    out = torch.empty_like(query)
+    rows = (torch.tensor([0]), torch.tensor([1]), torch.tensor([keys]))
+    torch.ops.eaglebatch.paged_attention(query, cache, out, *rows, md.block_table, 1.0, 0)
+    assert out[0, 0, 0].item() == 0.0
+    assert out[0, 0, 1].item() == 1.0
