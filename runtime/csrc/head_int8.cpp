@@ -59,8 +59,12 @@ constexpr int64_t kMaxInputs = 65536;  // K up to which every int32 sum is exact
 // cores were measured without it (above). Read once, when the library loads.
 constexpr int64_t kFarBytes = 16384;
 bool detect_intel() {
+#if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
 }
 const bool kFetchAhead = detect_intel();
 

@@ -46,8 +46,12 @@ constexpr int64_t kFarBytes = 16384;  // bytes fetched into L2 ahead (see tile)
 // A single tile of kFarRows or more rows fetches kFarBytes ahead (see tile): every one on
 // Intel's cores, 5 rows or more on others (AMD's). Read once, when the library loads.
 int detect_far_rows() {
+#if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   return __builtin_cpu_is("intel") ? 1 : 5;
+#else
+  return 5;
+#endif
 }
 const int kFarRows = detect_far_rows();
 
