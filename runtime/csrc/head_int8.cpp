@@ -45,6 +45,8 @@
 #include <immintrin.h>
 #endif
 
+bool eaglebatch_cpu_is_intel();  // linear.cpp
+
 namespace {
 
 constexpr int64_t kOut = 64;     // outputs per panel
@@ -58,15 +60,7 @@ constexpr int64_t kMaxInputs = 65536;  // K up to which every int32 sum is exact
 // 1.04 / 1.68 / 2.05 -> 0.88 / 1.05 / 1.44 ms; 8 or 32 KB ahead within noise of 16). AMD's
 // cores were measured without it (above). Read once, when the library loads.
 constexpr int64_t kFarBytes = 16384;
-bool detect_intel() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel");
-#else
-  return false;
-#endif
-}
-const bool kFetchAhead = detect_intel();
+const bool kFetchAhead = eaglebatch_cpu_is_intel();
 
 // One row of x as two byte strings (p = 256 h + l: l, and h + 128; K4 * 4 of each, p = 0 past
 // K), its scale s_x, and the rounded-up norm of x - s_x p; finite is false when x has a NaN or

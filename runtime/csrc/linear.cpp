@@ -35,6 +35,17 @@
 #include <immintrin.h>
 #endif
 
+// Whether this CPU is Intel's: the kernels that stream weights fetch further ahead there (see
+// kFarRows here and kFetchAhead in head_int8.cpp). Shared by the sources of the library.
+bool eaglebatch_cpu_is_intel() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 constexpr int64_t kPanel = 64;   // output columns per panel
@@ -45,15 +56,7 @@ constexpr int64_t kFarBytes = 16384;  // bytes fetched into L2 ahead (see tile)
 
 // A single tile of kFarRows or more rows fetches kFarBytes ahead (see tile): every one on
 // Intel's cores, 5 rows or more on others (AMD's). Read once, when the library loads.
-int detect_far_rows() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel") ? 1 : 5;
-#else
-  return 5;
-#endif
-}
-const int kFarRows = detect_far_rows();
+const int kFarRows = eaglebatch_cpu_is_intel() ? 1 : 5;
 
 // A panel is stored as strips of kStrip columns, one after the other: strip s holds columns
 // 64p + kStrip s .. 64p + kStrip (s + 1) - 1 for k = 0 .. K-1 ([K, kStrip]), so the panels
