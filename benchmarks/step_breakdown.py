@@ -13,7 +13,13 @@ left out):
 - rest: the engine's own work around them (scheduling, inputs, appending tokens).
 
 It prints the medians per decode step and the ratio the parts imply, tokens per step over the
-drafted step's cost relative to the plain one (what `eaglebatch bench` measures end to end):
+drafted step's cost relative to the plain one (what `eaglebatch bench` measures end to end), and
+the same ratio with drafting free (no proposing). It also counts the target's rows per decode
+step and sets what each extra row costs against this machine's float32 arithmetic: the decoder's
+products take 2 x (its Linear weights) floating-point operations a row, and a large matrix product
+(torch.mm, 2048 x 2048, the same threads) shows how many of those the machine does in a second.
+Where an extra row costs about what that rate allows, verification's rows are bound by arithmetic,
+and no engine work makes them cheaper:
 
     PYTHONPATH=. python benchmarks/step_breakdown.py --num-prompts 8 --k 2 --threads 2
     PYTHONPATH=. python benchmarks/step_breakdown.py --num-prompts 16 --batch-size 16 --repeats 3
@@ -34,7 +40,7 @@ from pipeline.bench.engine_run import engine_config
 from pipeline.bench.workload import build_workload, read_prompts
 from runtime.config import CLI_DRAFT_CONFIDENCE, CLI_DRAFT_NGRAM_TOKENS, DEFAULT_MODEL, EngineConfig
 from runtime.engine import Engine
-from runtime.loader import default_drafter, load_tokenizer, resolve_model
+from runtime.loader import default_drafter, load_model_config, load_tokenizer, resolve_model
 from runtime.model_runner import RunnerOutput
 from runtime.scheduler import SchedulerOutput
 
@@ -50,6 +56,8 @@ class StepTimer:
     def __init__(self, engine: Engine) -> None:
         self.steps: list[dict[str, float]] = []
         self.tokens = 0
+        self.rows: list[int] = []  # the target's rows in each decode step
+        self._rows = 0
         self._current: dict[str, float] = {}
         self._decode = False  # whether the step being run feeds no prompt token
         runner = engine.runner
@@ -69,6 +77,7 @@ class StepTimer:
 
         def timed_step(on_step: Callable[[int], None] | None = None) -> Any:
             self._current = dict.fromkeys(PARTS[:-1], 0.0)
+            self._rows = 0
             generated = [0]
             StepTimer.active = self
             start = time.perf_counter()
@@ -79,6 +88,7 @@ class StepTimer:
             if self._decode:
                 self._current["rest"] = total - sum(self._current.values())
                 self.steps.append(self._current)
+                self.rows.append(self._rows)
                 self.tokens += generated[0]
             return finished
 
@@ -100,6 +110,28 @@ class StepTimer:
         return parts
 
 
+def decoder_flops_per_row(model_dir: Path) -> int:
+    """Floating-point operations of the decoder's products for one row (token): 2 per weight of
+    its Linear layers (attention's q, k, v, o and the MLP's three), the LM head left out."""
+    c = load_model_config(model_dir)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    attention = c.hidden_size * head_dim * 2 * (c.num_attention_heads + c.num_key_value_heads)
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    return 2 * c.num_hidden_layers * (attention + mlp)
+
+
+def matmul_rate(size: int = 2048, runs: int = 10) -> float:
+    """This machine's float32 operations per second in one large torch.mm (the current threads):
+    what its arithmetic does when nothing else limits it."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(runs):
+        torch.mm(a, b)
+    return 2 * size ** 3 * runs / (time.perf_counter() - start)
+
+
 def _time_forwards(model: torch.nn.Module) -> None:
     """Times the target's forwards for the active timer (once per model: engines share it)."""
     if "forward" in vars(model):
@@ -109,6 +141,7 @@ def _time_forwards(model: torch.nn.Module) -> None:
     def forward(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         timer = StepTimer.active
         assert timer is not None
+        timer._rows += input_ids.numel()
         return timer._timed("target", original, input_ids, *args, **kwargs)
 
     model.forward = forward
@@ -170,9 +203,23 @@ def main(prompts: str, num_prompts: int, k: int, drafter: str, max_tokens: int,
     print("| --- | ---: | ---: | ---: |")
     for part in (*PARTS, "step", "step (mean)"):
         print(f"| {part} | {p[part]:.2f} | {d[part]:.2f} | {d[part] - p[part]:+.2f} |")
+    gain = d_tokens / p_tokens
     print(f"tokens per decode step: {p_tokens:.3f} / {d_tokens:.3f}; implied speedup "
-          f"{d_tokens / p_tokens * p['step'] / d['step']:.2f}x (means: "
-          f"{d_tokens / p_tokens * p['step (mean)'] / d['step (mean)']:.2f}x)")
+          f"{gain * p['step'] / d['step']:.2f}x (means: "
+          f"{gain * p['step (mean)'] / d['step (mean)']:.2f}x); with drafting free (no "
+          f"proposing): {gain * p['step'] / (d['step'] - d['proposing']):.2f}x")
+    flops = decoder_flops_per_row(model_dir)
+    rate = matmul_rate()
+    p_rows, d_rows = (statistics.fmean(t.rows) for t in timers)
+    print(f"target rows per decode step: {p_rows:.2f} / {d_rows:.2f}; decoder products "
+          f"{flops / 1e6:.0f} MFLOP a row; torch.mm 2048 x 2048: {rate / 1e9:.0f} GFLOP/s")
+    for name, parts, rows in (("k=0", p, p_rows), (f"k={k}", d, d_rows)):
+        print(f"  {name}: target forward at {flops * rows / (parts['target'] * 1e-3) / 1e9:.0f} "
+              f"GFLOP/s ({flops * rows / (parts['target'] * 1e-3) / rate:.0%} of torch.mm's)")
+    if d_rows > p_rows:
+        extra = (d["target"] - p["target"]) / (d_rows - p_rows)
+        print(f"  each extra row: {extra:.3f} ms; at torch.mm's rate it would take "
+              f"{flops / rate * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

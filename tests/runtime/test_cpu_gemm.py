@@ -92,8 +92,9 @@ def test_without_the_cpu_kernels_onednn_runs_the_packed_range(
 
 @pytest.mark.parametrize("k", [96, 300])
 def test_panel_linear_rows_do_not_depend_on_the_other_rows(k: int) -> None:
-    """Bitwise: each row of a 1..200-row product (tiles of 6, from 4 tiles on a panel k-blocks
-    of 128 inputs, passes of 192 rows) equals the same row computed alone."""
+    """Bitwise: each row of a 1..200-row product (tiles of 6; on a panel, with AVX-512 2 to 8
+    tiles in k-blocks of 64 inputs, with AVX2 from 4 tiles in k-blocks of 128; passes of 192
+    rows) equals the same row computed alone."""
     assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
     torch.manual_seed(0)
     weight, bias = torch.randn(200, k), torch.randn(200)
@@ -108,7 +109,7 @@ def test_panel_linear_rows_do_not_depend_on_the_other_rows(k: int) -> None:
                        for i in range(200)])
     # (other summation orders: 300 terms of randn products differ by up to ~1.5e-5)
     torch.testing.assert_close(alone, F.linear(x, weight, bias), rtol=1e-5, atol=5e-5)
-    for rows in (2, 3, 4, 5, 6, 7, 13, 18, 19, 24, 25, 96, 100, 192, 200):
+    for rows in (2, 3, 4, 5, 6, 7, 13, 18, 19, 24, 25, 48, 49, 96, 100, 192, 200):
         product = torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), panels, bias, 200)
         assert torch.equal(product, alone[:rows]), rows
     shifted = torch.ops.eaglebatch.panel_linear(x[1:8].contiguous(), panels, bias, 200)
