@@ -62,9 +62,9 @@ const int kFarRows = eaglebatch_cpu_is_intel() ? 1 : 5;
 // L1 (30 layers of the default model's float32 products, 2 threads, huge pages, interleaved in
 // one process, medians of 15 rounds: 1 / 3 / 4 / 7 / 16 rows 13.25 / 13.79 / 14.42 / 15.06 /
 // 16.90 -> 12.92 / 13.19 / 13.10 / 14.39 / 16.40 ms; 6 KB or 8 KB ahead within 1% of 4 KB, 16
-// KB slower than none; int8 panels at 1 row 2.38 -> 2.27-2.33 ms, at 2-16 rows the same). A
-// several-row tile no longer costs more than one row: the FMAs of 4 rows no longer wait on L2.
-// AMD's cores lost with a near fetch (see tile()). Read once, when the library loads.
+// KB slower than none; int8 panels at 1 row 2.38 -> 2.27-2.33 ms, at 2-16 rows the same): a
+// single tile of 2-6 rows now costs what one row does (before, each row added ~0.3 ms to the 30
+// layers). AMD's cores lost with a near fetch (see tile()). Read once, when the library loads.
 constexpr int64_t kNearBytes = 4096;
 const bool kFetchNear = eaglebatch_cpu_is_intel();
 
