@@ -287,6 +287,47 @@ inline __attribute__((always_inline)) void chain_rows(__m512 (&acc)[Rows][4], co
     fma_rows<Rows>(acc, x, k, c, load16(w), load16(w + 16), load16(w + 32), load16(w + 48));
   }
 }
+
+// Columns 32h .. 32h + 31 of a single tile's panel (h = 0 or 1): tile()'s chains for those
+// columns alone (the same bits), written to y[m][32h .. 32h + cols - 1]. run_panels gives the
+// panel that straddles two threads to both, a half each, where a single tile's panels do not
+// divide evenly among them.
+template <int Rows, typename W>
+void half_tile(const float* x, int64_t k, const W* panel, int64_t h, const float* scale,
+               const float* bias, float* y, int64_t ldy, int64_t cols) {
+  constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
+  constexpr int64_t half_lines = (sizeof(W) * kPanel / 2 + 63) / 64;
+  constexpr int64_t far = kFarBytes / (64 * lines);
+  constexpr int64_t near = kNearBytes / (64 * lines);
+  const bool far_here = Rows >= kFarRows;  // as tile() for a single tile
+  alignas(64) float out[Rows][kPanel];
+  __m512 acc[Rows][2];
+  for (int m = 0; m < Rows; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  const W* base = panel + (kPanel / 2) * h;
+  for (int64_t c = 0; c < k; ++c) {
+    const W* w = base + c * kPanel;
+    if (far_here)
+      for (int64_t line = 0; line < half_lines; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(w + far * kPanel) + 64 * line, _MM_HINT_T1);
+    if (far_here && kFetchNear)
+      for (int64_t line = 0; line < half_lines; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(w + near * kPanel) + 64 * line, _MM_HINT_T0);
+    const __m512 w0 = load16(w), w1 = load16(w + 16);
+#pragma GCC unroll 8
+    for (int m = 0; m < Rows; ++m) {
+      const __m512 b = _mm512_set1_ps(x[m * k + c]);
+      acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < Rows; ++m) {
+    _mm512_store_ps(out[m], acc[m][0]);
+    _mm512_store_ps(out[m] + 16, acc[m][1]);
+  }
+  const int64_t from = (kPanel / 2) * h;
+  store_tile<Rows>(out, scale != nullptr ? scale + from : nullptr,
+                   bias != nullptr ? bias + from : nullptr, y + from, ldy, cols);
+}
 #endif
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
@@ -468,6 +509,40 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, i
     // them too, so no thread idles while another finishes its extra panel; one thread's items
     // are contiguous, so only a panel that straddles two threads is read twice. At a single tile
     // the panels are not split (there, reading the weights is the cost).
+#ifdef __AVX512F__
+    // A single tile (decode, a few drafts' verification) whose panels do not divide evenly among
+    // the threads (9 panels on 2): work items are half panels, so the panel that straddles two
+    // threads is read half by each instead of whole by one, while the other waits. 60 products
+    // of K = 1536 at 1 row, 2 threads, huge pages: 512 / 576 / 640 outputs (8 / 9 / 10 panels)
+    // took 4.92 / 5.48 / 5.16 ms (9 panels slower than 10), with halves 5.12 / 5.30 / 5.42. The
+    // default model's o_proj and down_proj have 9 panels, its fused q/k/v 15. Batch-1 steps
+    // (`benchmarks/step_breakdown.py --num-prompts 8 --k 2`, alternating with the previous
+    // library, Xeon): plain 12.07 / 11.67 -> 11.04 / 11.22 ms, drafted 14.25 / 13.84 -> 13.09 /
+    // 13.22 ms. (AVX-512 only: the AVX2 strips would need a half pass of their own.)
+    if (tiles == 1 && threads > 1 && num_panels % threads != 0) {
+      const W* none = nullptr;  // no next panel to fetch
+      at::parallel_for(0, 2 * num_panels, 1, [&](int64_t h0, int64_t h1) {
+        for (int64_t p = h0 / 2; 2 * p < h1; ++p) {
+          const int64_t lo = std::max(h0, 2 * p), hi = std::min(h1, 2 * p + 2);
+          const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
+          const W* panel = wp + p * k * kPanel;
+          const float* bp = b != nullptr ? b + col : nullptr;
+          const float* sp = sc != nullptr ? sc + col : nullptr;
+          const int64_t ld = to.stride[p];
+          float* ym = to.row0[p] + m0 * ld;
+          const int64_t h = lo - 2 * p, half_cols = std::min(kPanel / 2, cols - kPanel / 2 * h);
+          with_rows(m1 - m0, [&](auto rows) {
+            constexpr int R = decltype(rows)::value;
+            if (hi - lo == 2)
+              tile<R>(xp + m0 * k, k, panel, sp, bp, ym, ld, cols, none, 0, 1);
+            else if (half_cols > 0)
+              half_tile<R>(xp + m0 * k, k, panel, h, sp, bp, ym, ld, half_cols);
+          });
+        }
+      });
+      continue;
+    }
+#endif
     const int64_t groups =
         threads > 1 && num_panels % threads != 0 ? std::min(threads, tiles) : 1;
     at::parallel_for(0, num_panels * groups, 1, [&](int64_t i0, int64_t i1) {

@@ -21,6 +21,7 @@ from runtime.cpu_gemm import (
     PANEL_ROWS,
     PrepackedLinear,
     fuse_panels,
+    int8_panels,
     lay_out_for_cpu,
     pack_panels,
     prepack,
@@ -137,6 +138,41 @@ def test_kernels_run_on_torchs_threads_with_the_same_bits() -> None:
         torch.set_num_threads(threads)
     assert torch.equal(products[0], products[1])
     torch.testing.assert_close(products[0], F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+def test_a_single_tiles_panels_split_among_threads_give_the_same_bits(kind: str) -> None:
+    """Products of 1-6 rows over 9 panels (the last one 38 columns wide): on 2 threads each
+    thread takes 4 1/2 panels (the middle one by columns), on 3 and 4 threads other splits;
+    every split gives the bits of one thread, bias and int8 scales included."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    torch.manual_seed(0)
+    n, k = 9 * 64 - 26, 96
+    weight, bias = torch.randn(n, k), torch.randn(n)
+    scales = None
+    if kind == "int8":
+        values, scale = quantize_int8(weight)
+        panels, scales = int8_panels(values, scale)
+        reference = values * scale[:, None]
+    else:
+        reference = weight.bfloat16().float() if kind == "bfloat16" else weight
+        panels = pack_panels(reference.bfloat16() if kind == "bfloat16" else reference)
+    x = torch.randn(6, k)
+    threads = torch.get_num_threads()
+    try:
+        products = []
+        for count in (1, 2, 3, 4):
+            torch.set_num_threads(count)
+            products.append([torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), panels,
+                                                               bias, n, scales)
+                             for rows in range(1, 7)])
+    finally:
+        torch.set_num_threads(threads)
+    for split in products[1:]:
+        for rows, (one, many) in enumerate(zip(products[0], split, strict=True), start=1):
+            assert torch.equal(one, many), rows
+    torch.testing.assert_close(products[0][5], F.linear(x, reference, bias), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_bfloat16_panels_give_the_float32_panels_bits() -> None:
