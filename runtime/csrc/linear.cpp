@@ -259,32 +259,45 @@ inline void store_acc(const __m512 (&acc)[Rows][4], float (&out)[Rows][kPanel]) 
     for (int i = 0; i < 4; ++i) _mm512_store_ps(out[m] + 16 * i, acc[m][i]);
 }
 
-// A tile's chains over panel rows c0 .. c1-1 (fma_rows), fetching meanwhile: with fetch_far,
-// kFarBytes ahead in this panel into L2 (and on Intel's cores kNearBytes ahead into L1), and with
-// `next`, rows of that panel into L2, one every `every` panel rows (the first when countdown
-// reaches 0).
-template <int Rows, typename W>
-inline __attribute__((always_inline)) void chain_rows(__m512 (&acc)[Rows][4], const float* x,
+// A tile's chains over panel rows c0 .. c1-1 (fma_rows' chain) for the V 16-column parts that
+// `panel` starts at (V = 4: the whole panel; 2: half of it), fetching meanwhile: with fetch_far,
+// those parts' cache lines kFarBytes ahead in this panel into L2 (and on Intel's cores kNearBytes
+// ahead into L1), and with `next`, rows of that panel into L2, one every `every` panel rows (the
+// first when countdown reaches 0).
+template <int Rows, int V, typename W>
+inline __attribute__((always_inline)) void chain_rows(__m512 (&acc)[Rows][V], const float* x,
                                                       int64_t k, const W* panel, int64_t c0,
                                                       int64_t c1, bool fetch_far, const W* next,
                                                       int64_t& countdown, int64_t every) {
   constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
+  static_assert(V == 4 || V == 2, "a whole panel row or half of it");
+  constexpr int64_t own_lines = (sizeof(W) * 16 * V + 63) / 64;  // of the V parts
   constexpr int64_t far = kFarBytes / (64 * lines);    // panel rows in kFarBytes
   constexpr int64_t near = kNearBytes / (64 * lines);  // and in kNearBytes
   for (int64_t c = c0; c < c1; ++c) {
     const W* w = panel + c * kPanel;
     if (fetch_far)
-      for (int64_t line = 0; line < lines; ++line)
+      for (int64_t line = 0; line < own_lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(w + far * kPanel) + 64 * line, _MM_HINT_T1);
     if (fetch_far && kFetchNear)
-      for (int64_t line = 0; line < lines; ++line)
+      for (int64_t line = 0; line < own_lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(w + near * kPanel) + 64 * line, _MM_HINT_T0);
     if (next != nullptr && --countdown == 0) {
       countdown = every;
       for (int64_t line = 0; line < lines; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(next + c * kPanel) + 64 * line, _MM_HINT_T1);
     }
-    fma_rows<Rows>(acc, x, k, c, load16(w), load16(w + 16), load16(w + 32), load16(w + 48));
+    if constexpr (V == 4) {
+      fma_rows<Rows>(acc, x, k, c, load16(w), load16(w + 16), load16(w + 32), load16(w + 48));
+    } else {  // the same chain over two parts
+      const __m512 w0 = load16(w), w1 = load16(w + 16);
+#pragma GCC unroll 8
+      for (int m = 0; m < Rows; ++m) {
+        const __m512 b = _mm512_set1_ps(x[m * k + c]);
+        acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+      }
+    }
   }
 }
 
@@ -295,36 +308,16 @@ inline __attribute__((always_inline)) void chain_rows(__m512 (&acc)[Rows][4], co
 template <int Rows, typename W>
 void half_tile(const float* x, int64_t k, const W* panel, int64_t h, const float* scale,
                const float* bias, float* y, int64_t ldy, int64_t cols) {
-  constexpr int64_t lines = (sizeof(W) * kPanel + 63) / 64;  // cache lines per panel row
-  constexpr int64_t half_lines = (sizeof(W) * kPanel / 2 + 63) / 64;
-  constexpr int64_t far = kFarBytes / (64 * lines);
-  constexpr int64_t near = kNearBytes / (64 * lines);
-  const bool far_here = Rows >= kFarRows;  // as tile() for a single tile
   alignas(64) float out[Rows][kPanel];
   __m512 acc[Rows][2];
   for (int m = 0; m < Rows; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-  const W* base = panel + (kPanel / 2) * h;
-  for (int64_t c = 0; c < k; ++c) {
-    const W* w = base + c * kPanel;
-    if (far_here)
-      for (int64_t line = 0; line < half_lines; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(w + far * kPanel) + 64 * line, _MM_HINT_T1);
-    if (far_here && kFetchNear)
-      for (int64_t line = 0; line < half_lines; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(w + near * kPanel) + 64 * line, _MM_HINT_T0);
-    const __m512 w0 = load16(w), w1 = load16(w + 16);
-#pragma GCC unroll 8
-    for (int m = 0; m < Rows; ++m) {
-      const __m512 b = _mm512_set1_ps(x[m * k + c]);
-      acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
-    }
-  }
+  const int64_t from = (kPanel / 2) * h;
+  int64_t countdown = 0;  // (no next panel)
+  chain_rows<Rows, 2, W>(acc, x, k, panel + from, 0, k, Rows >= kFarRows, nullptr, countdown, 1);
   for (int m = 0; m < Rows; ++m) {
     _mm512_store_ps(out[m], acc[m][0]);
     _mm512_store_ps(out[m] + 16, acc[m][1]);
   }
-  const int64_t from = (kPanel / 2) * h;
   store_tile<Rows>(out, scale != nullptr ? scale + from : nullptr,
                    bias != nullptr ? bias + from : nullptr, y + from, ldy, cols);
 }
@@ -409,7 +402,7 @@ void tile(const float* x, int64_t k, const W* panel, const float* scale, const f
   __m512 acc[Rows][4];
   for (int m = 0; m < Rows; ++m)
     for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
-  chain_rows<Rows>(acc, x, k, panel, 0, k, fetch_far, next, countdown, every);
+  chain_rows<Rows, 4, W>(acc, x, k, panel, 0, k, fetch_far, next, countdown, every);
   store_acc<Rows>(acc, out);
 #elif defined(__AVX2__) && defined(__FMA__)
   tile_avx2<Rows>(x, k, panel, out, next, phase, every);
@@ -460,7 +453,7 @@ inline __attribute__((always_inline)) void block_pass(
       acc[m][i] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(out[m] + 16 * i);
   // the first c >= c0 with c = t (mod count): this tile's rows of `next`
   int64_t countdown = (t - c0 % count + count) % count + 1;
-  chain_rows<Rows>(acc, x, k, panel, c0, c1, fetch_far, next, countdown, count);
+  chain_rows<Rows, 4, float>(acc, x, k, panel, c0, c1, fetch_far, next, countdown, count);
   store_acc<Rows>(acc, out);
 }
 
