@@ -243,8 +243,27 @@ def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
                            f"cannot be resumed; rerun with --overwrite to discard it")
         fresh.inputs = with_input_digests(fresh.inputs)
         return fresh
+    fresh.config = _context_as_recorded(existing.config, fresh.config, config.engine.model)
     check_resumable(existing, fresh.config, fresh.inputs, config.output_dir)
     return existing
+
+
+def _context_as_recorded(old: dict[str, object], new: dict[str, object],
+                         model: str) -> dict[str, object]:
+    """new, with max_model_len as the manifest has it where the two runs differ only in
+    spelling: one gave --max-model-len equal to the model's context and the other left it out
+    (a manifest records the option; left out, it means the model's context)."""
+    given = {old.get("max_model_len"), new.get("max_model_len")}
+    if len(given) != 2 or None not in given:
+        return new
+    from runtime.loader import load_model_config, resolve_model  # noqa: PLC0415 (torch)
+    from runtime.rope import context_length  # noqa: PLC0415
+
+    try:
+        context = context_length(load_model_config(resolve_model(model)))
+    except (OSError, ValueError):  # building the engine says what is wrong with the model
+        return new
+    return new | {"max_model_len": old.get("max_model_len")} if context in given else new
 
 
 def _prepare_output_dir(config: JobConfig, manifest: Manifest, unusable: dict[int, str]) -> int:

@@ -3,6 +3,7 @@ resume, refusals, stale temp files, interruption, and rows the engine itself ref
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -168,6 +169,34 @@ def test_other_options_are_refused_until_overwrite(
             _factory(tiny_engine), progress=False)
     assert max(read_parts(out).column("completion_tokens").to_pylist()) == 3
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_max_model_len_equal_to_the_models_context_is_the_same_job(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """A manifest records --max-model-len as given (null: the model's context, 512 for the
+    tiny checkpoint). Giving the model's context on a resume, or leaving out the context a job
+    was started with, is the same job; another length is refused."""
+    config, out, _ = _finished_job(tmp_path, tiny_model_dir, tiny_engine)
+    (out / "part-00002.parquet").unlink()
+    recorded = json.loads((out / "manifest.json").read_text())["config"]
+    assert recorded["max_model_len"] is None
+
+    def with_length(length: int, **kw: Any) -> JobConfig:
+        engine = dataclasses.replace(config.engine, max_model_len=length)
+        return dataclasses.replace(config, engine=engine, **kw)
+
+    summary = run_job(with_length(512), _factory(tiny_engine), progress=False)
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (4, 1, True)
+    assert json.loads((out / "manifest.json").read_text())["config"] == recorded
+    with pytest.raises(JobError) as err:
+        run_job(with_length(256), _factory(tiny_engine), progress=False)
+    assert str(err.value).startswith(f"{out} holds the outputs of a different job "
+                                     "(max_model_len: None -> 256); ")
+    run_job(with_length(512, overwrite=True), _factory(tiny_engine), progress=False)
+    (out / "part-00000.parquet").unlink()
+    summary = run_job(config, _factory(tiny_engine), progress=False)
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (4, 1, True)
+    assert json.loads((out / "manifest.json").read_text())["config"]["max_model_len"] == 512
 
 
 def test_a_model_whose_weights_changed_is_refused(
