@@ -12,9 +12,10 @@
   runtime.rope); write_kv: a step's K and V into their cache slots (the cpu attention backend).
 
 The build uses torch.utils.cpp_extension (a C++ compiler and ninja; about 15 s the first time)
-with -march=native, cached by torch under its extensions directory with the CPU's feature flags
-and a hash of the sources in the name. Where it cannot be built, every user falls back to plain
-torch; EAGLEBATCH_CPU_KERNEL=0 turns the kernels off.
+with -march=native (or $EAGLEBATCH_CPU_MARCH), cached by torch under its extensions directory
+with the CPU's feature flags, the compiler's flags and a hash of the sources in the name. Where
+it cannot be built, every user falls back to plain torch; EAGLEBATCH_CPU_KERNEL=0 turns the
+kernels off.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ _OPS = ("paged_attention", "panel_linear", "panel_linear_parts", "panel_entries"
 # The link names libgomp.so.1, the soname torch's wheel ships and has already loaded, so the
 # kernels share torch's thread pool and its thread count. -ffp-contract=off: no multiply-add is
 # fused unless the source says so (std::fma, _mm512_fmadd_ps), so the arithmetic is the source's.
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
+# EAGLEBATCH_CPU_MARCH builds for another -march than this CPU's (haswell: the AVX2 code on an
+# AVX-512 machine, to test or time it there; x86-64: the portable code).
+_CFLAGS = ["-O3", f"-march={os.environ.get('EAGLEBATCH_CPU_MARCH') or 'native'}", "-fopenmp",
+           "-ffp-contract=off"]
 _LDFLAGS = ["-fopenmp"]
 _loaded: dict[str, bool] = {}
 _library: list[Path] = []  # the loaded kernel library, once built

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 
-from runtime.config import EngineConfig
+from runtime.config import EngineConfig, SamplingParams
 from runtime.cpu_gemm import (
     ONEDNN_DECODER_ROWS,
     PANEL_ROWS,
@@ -31,6 +31,7 @@ from runtime.cpu_gemm import (
 from runtime.cpu_kernels import argmax_rows, kernel_library, load_cpu_kernels
 from runtime.engine import Engine
 from runtime.model import CausalLM
+from runtime.request import GenerationRequest
 
 
 def test_transpose_keeps_values_and_parameters() -> None:
@@ -173,6 +174,64 @@ def test_a_single_tiles_panels_split_among_threads_give_the_same_bits(kind: str)
             assert torch.equal(one, many), rows
     torch.testing.assert_close(products[0][5], F.linear(x, reference, bias), rtol=1e-5,
                                atol=1e-5)
+
+
+def kernel_outputs(model_dir: str) -> dict[str, torch.Tensor]:
+    """What every build of the kernels must give alike (test_every_instruction_set_gives_the_
+    same_bits runs this in another process too): products of float32, bfloat16 and int8 panels
+    with a bias, 9 panels (the last 38 columns wide), K over three k-blocks, at 1-7, 12, 13, 18
+    and 49 rows (single tiles, half panels, k-blocked tiles) on 1 and 2 threads; and the greedy
+    tokens of the checkpoint in model_dir for four prompts batched together (its prompts'
+    attention, decode attention, norms, rotary embedding and argmax: a random model's logits
+    are close, so its tokens follow the last bits)."""
+    assert load_cpu_kernels(), "the CPU kernels did not build (see the warning)"
+    torch.manual_seed(0)
+    n, k = 9 * 64 - 26, 160
+    weight, bias, x = torch.randn(n, k), torch.randn(n), torch.randn(49, k)
+    values, scale = quantize_int8(weight)
+    panels = {"float32": (pack_panels(weight), None),
+              "bfloat16": (pack_panels(weight.bfloat16()), None),
+              "int8": int8_panels(values, scale)}
+    threads, outputs = torch.get_num_threads(), {}
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for kind, (packed, scales) in panels.items():
+                for rows in (1, 2, 3, 4, 5, 6, 7, 12, 13, 18, 49):
+                    outputs[f"{kind} {rows} rows {count} threads"] = (
+                        torch.ops.eaglebatch.panel_linear(x[:rows].contiguous(), packed, bias,
+                                                          n, scales))
+        torch.set_num_threads(2)
+        engine = Engine(EngineConfig(model=model_dir, kv_cache_memory=1 << 20))
+        requests = [GenerationRequest(str(i), tuple(range(5 + 7 * i, 8 + 30 * i)),
+                                      SamplingParams(max_tokens=24, ignore_eos=True))
+                    for i in range(4)]
+        for done in engine.generate(requests):
+            outputs[f"tokens {done.request_id}"] = torch.tensor(done.token_ids)
+    finally:
+        torch.set_num_threads(threads)
+    return outputs
+
+
+def test_every_instruction_set_gives_the_same_bits(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The kernels built for AVX2 (-march=haswell: panels in strips of 8 columns, as on AMD's
+    CPUs without AVX-512) give this build's bits, whatever this CPU has: kernel_outputs,
+    computed by another process on its own build."""
+    native = kernel_outputs(str(tiny_model_dir))
+    out = tmp_path / "outputs.pt"
+    code = ("import torch; from tests.runtime.test_cpu_gemm import kernel_outputs; "
+            f"torch.save(kernel_outputs({str(tiny_model_dir)!r}), {str(out)!r}); "
+            "print(torch.ops.eaglebatch.panel_strip())")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=root, env=os.environ | {"EAGLEBATCH_CPU_MARCH": "haswell"},
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1:] == ["8"]  # the AVX2 build's strips
+    other = torch.load(out)
+    assert other.keys() == native.keys()
+    for name, output in native.items():
+        assert torch.equal(output, other[name]), name
 
 
 def test_bfloat16_panels_give_the_float32_panels_bits() -> None:
