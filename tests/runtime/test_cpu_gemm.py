@@ -213,10 +213,13 @@ def kernel_outputs(model_dir: str) -> dict[str, torch.Tensor]:
     return outputs
 
 
-def test_every_instruction_set_gives_the_same_bits(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(("march", "strip"), [("haswell", 8), ("x86-64", 64)])
+def test_every_instruction_set_gives_the_same_bits(tmp_path: Path, tiny_model_dir: Path,
+                                                   march: str, strip: int) -> None:
     """The kernels built for AVX2 (-march=haswell: panels in strips of 8 columns, as on AMD's
-    CPUs without AVX-512) give this build's bits, whatever this CPU has: kernel_outputs,
-    computed by another process on its own build."""
+    CPUs without AVX-512) and the portable code (-march=x86-64, what other CPUs run) give this
+    build's bits, whatever this CPU has: kernel_outputs, computed by another process on its own
+    build."""
     native = kernel_outputs(str(tiny_model_dir))
     out = tmp_path / "outputs.pt"
     code = ("import torch; from tests.runtime.test_cpu_gemm import kernel_outputs; "
@@ -224,10 +227,10 @@ def test_every_instruction_set_gives_the_same_bits(tmp_path: Path, tiny_model_di
             "print(torch.ops.eaglebatch.panel_strip())")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=root, env=os.environ | {"EAGLEBATCH_CPU_MARCH": "haswell"},
+                          cwd=root, env=os.environ | {"EAGLEBATCH_CPU_MARCH": march},
                           timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1:] == ["8"]  # the AVX2 build's strips
+    assert done.stdout.split()[-1:] == [str(strip)]  # that build's panel layout
     other = torch.load(out)
     assert other.keys() == native.keys()
     for name, output in native.items():
