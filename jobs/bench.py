@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from jobs.options import memory_size
+from jobs.options import memory_size, not_blank
 from pipeline.bench.config import BASELINES, BenchConfig, ReportConfig, parse_int_list
 from pipeline.bench.presets import preset_names
 from pipeline.config import JobError
@@ -28,14 +28,14 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
 
 
 @click.command()
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, callback=not_blank,
               help="Built-in model name, checkpoint directory, .gguf file, or random:<preset> "
                    "(random weights in a real architecture's shape: "
                    f"{', '.join(preset_names())}) or random:<config.json or directory "
                    "holding one> (any model's shape, from its config alone) for pure "
                    "throughput measurements, with a byte-level tokenizer (one token per UTF-8 "
                    "byte, so prompts run longer); acceptance figures mean nothing for them.")
-@click.option("--drafter", default="auto", show_default=True,
+@click.option("--drafter", default="auto", show_default=True, callback=not_blank,
               help="EAGLE drafter checkpoint directory for the k > 0 variants; 'auto': the one "
                    "shipped for the model (random weights for random:<preset>); 'random': a "
                    "random one-layer drafter (measures drafting cost only); 'none'.")

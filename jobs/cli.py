@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from jobs.options import memory_size
+from jobs.options import memory_size, not_blank
 from pipeline.config import JobConfig, JobError, RayConfig
 from runtime.config import (
     CLI_DRAFT_CONFIDENCE,
@@ -48,10 +48,10 @@ def main() -> None:
 @main.command()
 @click.argument("input", metavar="INPUT")
 @click.argument("output_dir", metavar="OUTPUT_DIR")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, callback=not_blank,
               help="Built-in model name, or a Hugging Face checkpoint directory or .gguf file "
                    "of a Llama, Qwen2, Qwen3 or Mistral model.")
-@click.option("--drafter", default="auto", show_default=True,
+@click.option("--drafter", default="auto", show_default=True, callback=not_blank,
               help="EAGLE drafter checkpoint directory for speculative decoding (EAGLE-1 or "
                    "EAGLE-3, any number of layers; the EAGLE, SGLang and speculators layouts); "
                    "'none' to decode without one; 'auto' uses the model's default drafter when "

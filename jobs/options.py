@@ -15,3 +15,11 @@ def memory_size(ctx: click.Context, param: click.Parameter, value: str | None) -
         return parse_memory_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def not_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A model or drafter given as an empty or blank string is refused here, as such (a path
+    '' would otherwise be read as the current directory, or named as a model called '')."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(f"{value!r} is blank: give a name or a path")
+    return value

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from jobs.options import not_blank
 from pipeline.config import one_line
 from pipeline.schema import is_messages_type, is_string, python_values
 from pipeline.stages.tokenize import clean_messages, messages_problem
@@ -119,7 +120,7 @@ def _ids(table: pa.Table, path: Path, option: str) -> list[str]:
 
 
 @click.command("train-drafter")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, callback=not_blank,
               help="Target: a built-in name, a Hugging Face checkpoint directory or a .gguf file.")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(exists=True,
               dir_okay=False, path_type=Path), help="Parquet file of training prompts (column "

@@ -116,7 +116,15 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 
 def load_model_config(model_dir: Path) -> PretrainedConfig:
-    return AutoConfig.from_pretrained(model_dir)
+    """The checkpoint's config; one whose fields transformers refuses (a string where a number
+    belongs, say: its validation errors are not all ValueErrors) is a ValueError naming it."""
+    try:
+        return AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError):
+        raise
+    except Exception as exc:  # noqa: BLE001  (huggingface_hub's StrictDataclassError, TypeError...)
+        text = " ".join(str(exc).split())
+        raise ValueError(f"{model_dir / 'config.json'}: not a valid config ({text})") from None
 
 
 def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -19,18 +19,29 @@ from runtime.attention import AttentionBackend, AttentionMetadata, make_backend
 from runtime.cpu_gemm import FusedPanels, fuse_panels
 from runtime.cpu_kernels import kernels_apply
 from runtime.cpu_layer import CpuLayerPlan, CpuLayerStack
-from runtime.rope import RotaryEmbedding
+from runtime.rope import RotaryEmbedding, check_rope
 
 # The Hugging Face model types CausalLM implements (checkpoint directories and GGUF files alike).
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def check_activation(config: PretrainedConfig, what: str) -> None:
-    """The MLPs here run SiLU (as every Llama, Qwen2/3 and Mistral checkpoint has); refuse
-    another hidden_act rather than run it as SiLU."""
+def check_layer_config(config: PretrainedConfig, what: str, any_architecture: bool = False
+                       ) -> None:
+    """Refuse, naming `what` and the field, a config the layers here would misread: a
+    hidden_act other than SiLU (the MLPs run SiLU, as every Llama, Qwen2/3 and Mistral
+    checkpoint has), RoPE settings rope.check_rope refuses, or a sliding_window that is not a
+    number where it is read (sliding_window_of)."""
     act = getattr(config, "hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{what}'s hidden_act {act!r} is not supported (supported: silu)")
+    try:
+        check_rope(config)
+    except ValueError as exc:
+        raise ValueError(f"{what}'s {exc}") from None
+    window = getattr(config, "sliding_window", None)
+    read = any_architecture or getattr(config, "model_type", None) in _WINDOWED_MODEL_TYPES
+    if read and window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+        raise ValueError(f"{what}'s sliding_window is {window!r}; expected an integer or null")
 
 
 def head_dim_of(config: PretrainedConfig) -> int:

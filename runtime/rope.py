@@ -22,10 +22,37 @@ def rope_parameters(config: PretrainedConfig) -> dict:
     return params
 
 
+# the rope_parameters (or config) fields that are numbers, where a config gives them
+_NUMBERS = ("rope_theta", "factor", "original_max_position_embeddings", "low_freq_factor",
+            "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+            "mscale_all_dim")
+
+
+def check_rope(config: PretrainedConfig) -> None:
+    """Refuse RoPE settings the rotary embedding cannot read, naming the field (rather than a
+    KeyError or TypeError from deep in transformers): scaling whose frequencies change with the
+    length, an unknown rope_type, a field that should be a number and is not."""
+    params = rope_parameters(config)
+    rope_type = params["rope_type"]
+    if rope_type in ("dynamic", "longrope"):  # transformers recomputes these as lengths grow
+        raise ValueError(f"rope_type {rope_type!r} is not supported (its frequencies change with "
+                         "the sequence's length)")
+    if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+        known = sorted({"default", *ROPE_INIT_FUNCTIONS} - {"dynamic", "longrope"})
+        raise ValueError(f"rope_type {rope_type!r} is not a RoPE type (supported: "
+                         f"{', '.join(known)})")
+    values = {"rope_theta": getattr(config, "rope_theta", None), **params}
+    for key in _NUMBERS:
+        value = values.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{key} is {value!r}; expected a number")
+
+
 def context_length(config: PretrainedConfig) -> int:
     """The model's context, as vLLM derives it: max_position_embeddings, times the factor of
     linear scaling; with yarn scaling, its original context times its factor (Qwen2.5's and
     Qwen3's model cards turn yarn on over the original context)."""
+    check_rope(config)
     length = int(config.max_position_embeddings)
     params = rope_parameters(config)
     factor = float(params.get("factor") or 1.0)
@@ -38,10 +65,8 @@ def context_length(config: PretrainedConfig) -> int:
 
 def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
     """([head_dim // 2] float32 inverse frequencies, attention scaling)."""
+    check_rope(config)
     rope_type = rope_parameters(config)["rope_type"]
-    if rope_type in ("dynamic", "longrope"):  # transformers recomputes these as lengths grow
-        raise ValueError(f"rope_type {rope_type!r} is not supported (its frequencies change with "
-                         "the sequence's length)")
     if rope_type == "default":
         theta = rope_parameters(config).get("rope_theta", getattr(config, "rope_theta", 10000.0))
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim

@@ -25,7 +25,7 @@ from runtime.loader import iter_state_dict
 from runtime.model import (
     SUPPORTED_MODEL_TYPES,
     CausalLM,
-    check_activation,
+    check_layer_config,
     head_dim_of,
     layer_windows,
 )
@@ -70,7 +70,7 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model type {hf_config.model_type!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    check_activation(hf_config, "the model")
+    check_layer_config(hf_config, "the model")
     with torch.device("meta"):
         model = CausalLM(hf_config, p.backend, max_positions).to(p.dtype)
     model = model.to_empty(device=p.device)  # in its dtype: no float32 copy of 16-bit weights

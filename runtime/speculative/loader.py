@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, PretrainedConfig
 
 from runtime.loader import read_bin_shard, weight_files
-from runtime.model import check_activation, head_dim_of
+from runtime.model import check_layer_config, head_dim_of
 
 IGNORED_KEYS = ("embed_tokens.weight", "t2d")
 _SPECULATORS_TOP_FIELDS = ("draft_vocab_size", "norm_before_residual", "target_hidden_size",
@@ -71,6 +71,7 @@ def load_drafter_checkpoint(path: Path, target_config: PretrainedConfig) -> Draf
     style = _style(tensors, target_config, path)
     if "d2t" not in tensors and "t2d" in tensors:
         tensors["d2t"] = _d2t_from_t2d(tensors, target_config.vocab_size, path)
+    _check_eagle_fields(raw, path / "config.json")
     _check_vocab(raw, tensors, style, target_config, path)
     state = _rename(tensors, style)
     in_weights = _layer_count(state)
@@ -102,6 +103,21 @@ def _check_dtypes(tensors: dict[str, torch.Tensor], path: Path) -> None:
             raise DrafterMismatchError(f"drafter {path}: {key} has dtype "
                                        f"{str(value.dtype).removeprefix('torch.')}; expected "
                                        f"{expected}")
+
+
+def _check_eagle_fields(raw: dict, where: Path) -> None:
+    """The EAGLE fields of config.json that the layers' config does not check: a string
+    "false" would turn norm_before_residual on, and a draft_vocab_size that is not a count
+    would skip the check against the head."""
+    value = raw.get("norm_before_residual")
+    if value is not None and not isinstance(value, bool):
+        raise DrafterMismatchError(f"drafter {where}: norm_before_residual is {value!r}; "
+                                   "expected true or false")
+    value = raw.get("draft_vocab_size")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise DrafterMismatchError(f"drafter {where}: draft_vocab_size is {value!r}; expected a "
+                                   "positive integer")
 
 
 def _check_vocab(raw: dict, tensors: dict[str, torch.Tensor], style: str,
@@ -162,7 +178,7 @@ def _llama_config(raw: dict, where: Path) -> LlamaConfig:
         raise DrafterMismatchError(f"drafter {where}: not a valid layer config ({exc})") from None
     config.architectures = raw.get("architectures")
     try:
-        check_activation(config, f"drafter {where}")
+        check_layer_config(config, f"drafter {where}", any_architecture=True)
     except ValueError as exc:
         raise DrafterMismatchError(str(exc)) from None
     return config
@@ -311,6 +327,14 @@ def _d2t_from_t2d(tensors: dict[str, torch.Tensor], target_vocab: int, path: Pat
         raise DrafterMismatchError(f"drafter {path}: t2d has shape {tuple(t2d.shape)}; expected "
                                    f"[{target_vocab}] (one flag per target token) to derive d2t, "
                                    "which the checkpoint lacks")
+    if t2d.dtype != torch.bool and bool((t2d < 0).any()):  # a map: each draft id once
+        draft_ids = t2d[t2d >= 0].sort().values
+        if not torch.equal(draft_ids, torch.arange(len(draft_ids), dtype=draft_ids.dtype)):
+            raise DrafterMismatchError(
+                f"drafter {path}: t2d maps {len(draft_ids)} target tokens to draft ids "
+                f"{int(draft_ids[0])}..{int(draft_ids[-1])}, not to each of "
+                f"0..{len(draft_ids) - 1} once; d2t, which the checkpoint lacks, cannot be "
+                "derived")
     target_ids = _draft_tokens_of_t2d(t2d)
     head = tensors.get("lm_head.weight")
     if head is not None and len(target_ids) != head.shape[0]:

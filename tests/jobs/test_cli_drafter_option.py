@@ -1,11 +1,19 @@
-"""--drafter auto where the shipped drafter is not installed (a wheel built without drafters/)."""
+"""--drafter auto where the shipped drafter is not installed (a wheel built without drafters/);
+blank --model and --drafter values."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 
 import jobs.cli as cli
 from runtime.config import DEFAULT_MODEL
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_auto_says_so_where_the_shipped_drafter_is_missing(
@@ -18,3 +26,22 @@ def test_auto_says_so_where_the_shipped_drafter_is_missing(
     # a model for which none ships: nothing to say
     assert cli._drafter("some/model", "auto") is None
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command, option", [
+    (["generate", "examples/prompts.parquet", "out"], "--drafter"),
+    (["generate", "examples/prompts.parquet", "out"], "--model"),
+    (["bench", "--prompts", "examples/prompts.parquet", "--out", "report"], "--model"),
+    (["bench", "--prompts", "examples/prompts.parquet", "--out", "report"], "--drafter"),
+    (["train-drafter", "--prompts", "examples/prompts.parquet", "--out", "data"], "--model"),
+])
+def test_a_blank_model_or_drafter_is_refused_as_such(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], option: str) -> None:
+    """'' would be read as the current directory (a drafter) or a model named ''."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").mkdir()
+    shutil.copy(EXAMPLES / "prompts.parquet", tmp_path / "examples")
+    result = CliRunner().invoke(cli.main, [*command, option, " "])
+    assert result.exit_code == 2
+    assert f"Invalid value for '{option}': ' ' is blank: give a name or a path" in result.output
+    assert sorted(os.listdir(tmp_path)) == ["examples"]  # nothing written

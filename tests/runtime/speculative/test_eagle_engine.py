@@ -157,6 +157,21 @@ def test_an_eagle3_checkpoint_with_t2d_and_no_d2t_drafts_as_with_its_d2t(
                               "lm_head.weight has 40 rows (one per draft token); d2t, which the "
                               "checkpoint lacks, cannot be derived")
 
+    # a map (each target id's draft id, -1 elsewhere) must name each draft id 0..39 once
+    targets = torch.arange(40) + tensors["d2t"]
+    for draft_ids, shown in ((torch.arange(40) + 1000, "1000..1039"),
+                             (torch.arange(40) // 2, "0..19")):
+        mapped = torch.full((256,), -1, dtype=torch.int64)
+        mapped[targets] = draft_ids
+        save_file({**{k: v for k, v in tensors.items() if k != "d2t"}, "t2d": mapped},
+                  str(only_t2d / "model.safetensors"))
+        with pytest.raises(DrafterMismatchError) as err:
+            Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                kv_cache_memory=1 << 20, drafter=str(only_t2d)))
+        assert str(err.value) == (f"drafter {only_t2d}: t2d maps 40 target tokens to draft ids "
+                                  f"{shown}, not to each of 0..39 once; d2t, which the "
+                                  "checkpoint lacks, cannot be derived")
+
 
 def test_a_d2t_of_another_length_than_the_draft_head_is_refused(tiny_model_dir: Path,
                                                                 tmp_path: Path) -> None:
