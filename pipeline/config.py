@@ -113,6 +113,9 @@ class JobConfig:
             "draft_int8": self.engine.draft_int8,
             "draft_ngram": self.engine.draft_ngram,
             "dtype": self.engine.dtype,
+            # the attention backends sum in other orders: greedy tokens may differ
+            "device": self.engine.device,
+            "attention_backend": self.engine.attention_backend,
             "max_model_len": self.engine.max_model_len,
             "sampling": {"max_tokens": self.max_tokens, "temperature": self.temperature,
                          "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,

@@ -52,6 +52,7 @@ from pipeline.stats import Counts, summary_line, total, write_stats
 from runtime.config import EngineConfig, PlacementError
 from runtime.engine import Engine
 from runtime.kv.groups import KVCacheBudgetError
+from runtime.setup import place
 
 
 class JobInterrupted(Exception):
@@ -231,7 +232,8 @@ def _nothing_to_run(config: JobConfig, plan: InputPlan,
 
 def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
     """The manifest this run continues (read only: refusals happen before anything changes)."""
-    fresh = Manifest(config.fingerprint(), [f.fingerprint() for f in plan.files], len(plan.shards))
+    fresh = Manifest(config.fingerprint() | _placement(config),
+                     [f.fingerprint() for f in plan.files], len(plan.shards))
     if config.overwrite:
         fresh.inputs = with_input_digests(fresh.inputs)
         return fresh
@@ -246,6 +248,20 @@ def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
     fresh.config = _context_as_recorded(existing.config, fresh.config, config.engine.model)
     check_resumable(existing, fresh.config, fresh.inputs, config.output_dir)
     return existing
+
+
+def _placement(config: JobConfig) -> dict[str, object]:
+    """Where the local runner's engine runs, 'auto' resolved as on this machine: a job started on
+    the CPU kernels is not finished on torch's attention, nor one started on a GPU in bfloat16
+    on the CPU in float32. (The Ray runner's workers resolve 'auto' for themselves.)"""
+    if config.ray is not None:
+        return {}
+    try:
+        p = place(config.engine)
+    except PlacementError as exc:
+        raise JobError(str(exc)) from None
+    return {"placement": {"device": p.device.type, "dtype": str(p.dtype).removeprefix("torch."),
+                          "attention_backend": p.backend}}
 
 
 def _context_as_recorded(old: dict[str, object], new: dict[str, object],

@@ -182,12 +182,18 @@ def _field(data: dict[str, Any], key: str, kind: type, default: Any = _ABSENT) -
     return value
 
 
+# Fingerprint fields compared only where both runs recorded them: the model's digest, device and
+# attention backend (not recorded before this version: such a job still resumes), and the
+# placement the local runner resolves (the Ray runner's workers resolve their own).
+_IF_BOTH = ("model_digest", "device", "attention_backend", "placement")
+
+
 def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dict[str, Any]],
                     output_dir: str) -> None:
     """Refuse to resume a directory written by a different job or from different input."""
-    if "model_digest" not in manifest.config:  # written before the digest was recorded
-        config = {k: v for k, v in config.items() if k != "model_digest"}
-    diffs = _differences(manifest.config, config)
+    old = {k: v for k, v in manifest.config.items() if k not in _IF_BOTH or k in config}
+    new = {k: v for k, v in config.items() if k not in _IF_BOTH or k in manifest.config}
+    diffs = _differences(old, new)
     if diffs:
         why = ("; the model's config.json or weights are not those the job started with"
                if any(d.startswith("model_digest:") for d in diffs) else "")

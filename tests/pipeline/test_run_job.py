@@ -199,6 +199,34 @@ def test_max_model_len_equal_to_the_models_context_is_the_same_job(
     assert json.loads((out / "manifest.json").read_text())["config"]["max_model_len"] == 512
 
 
+def test_another_attention_backend_or_device_is_another_job(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
+    """The attention backends sum in other orders, so greedy tokens may differ: the manifest
+    keeps the options and, for the local runner, what 'auto' resolved to on this machine. A
+    manifest written before they were kept still resumes."""
+    config, out, _ = _finished_job(tmp_path, tiny_model_dir, tiny_engine)
+    recorded = json.loads((out / "manifest.json").read_text())
+    assert recorded["config"]["placement"] == {"device": "cpu", "dtype": "float32",
+                                               "attention_backend": "cpu"}
+    assert (recorded["config"]["device"], recorded["config"]["attention_backend"]) == (
+        "auto", "auto")
+    (out / "part-00001.parquet").unlink()
+    for change, diffs in (
+            ({"attention_backend": "torch"}, "attention_backend: 'auto' -> 'torch'; "
+                                             "placement.attention_backend: 'cpu' -> 'torch'"),
+            ({"device": "cpu"}, "device: 'auto' -> 'cpu'")):
+        other = dataclasses.replace(config, engine=dataclasses.replace(config.engine, **change))
+        with pytest.raises(JobError) as err:
+            run_job(other, _factory(tiny_engine), progress=False)
+        assert str(err.value).startswith(f"{out} holds the outputs of a different job "
+                                         f"({diffs}); ")
+    for key in ("placement", "device", "attention_backend"):
+        del recorded["config"][key]
+    (out / "manifest.json").write_text(json.dumps(recorded))
+    summary = run_job(config, _factory(tiny_engine), progress=False)
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (4, 1, True)
+
+
 def test_a_model_whose_weights_changed_is_refused(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     """The same model path with other weights (a checkpoint saved again into its directory): a
