@@ -321,6 +321,23 @@ void half_tile(const float* x, int64_t k, const W* panel, int64_t h, const float
   store_tile<Rows>(out, scale != nullptr ? scale + from : nullptr,
                    bias != nullptr ? bias + from : nullptr, y + from, ldy, cols);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// The same with AVX2: strips 4h .. 4h + 3 of the panel, in passes as tile_avx2's (4 strips a
+// pass at 1-3 rows, 2 at 4-6), each output one FMA chain over c in order.
+template <int Rows, typename W>
+void half_tile(const float* x, int64_t k, const W* panel, int64_t h, const float* scale,
+               const float* bias, float* y, int64_t ldy, int64_t cols) {
+  constexpr int S = Rows <= 3 ? 4 : 2;
+  alignas(32) float out[Rows][kPanel];
+  for (int m = 0; m < Rows; ++m) std::fill(out[m], out[m] + kPanel / 2, 0.f);
+  const int64_t from = (kPanel / 2) * h;
+  const W* half = panel + (kStrips / 2) * h * k * kStrip;
+  int64_t countdown = 0;  // (no next panel)
+  for (int64_t s0 = 0; s0 < kStrips / 2; s0 += S)
+    strip_pass<Rows, S, false, W>(x, k, half, out, s0, 0, k, nullptr, countdown, 1);
+  store_tile<Rows>(out, scale != nullptr ? scale + from : nullptr,
+                   bias != nullptr ? bias + from : nullptr, y + from, ldy, cols);
+}
 #endif
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
@@ -502,7 +519,7 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, i
     // them too, so no thread idles while another finishes its extra panel; one thread's items
     // are contiguous, so only a panel that straddles two threads is read twice. At a single tile
     // the panels are not split (there, reading the weights is the cost).
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     // A single tile (decode, a few drafts' verification) whose panels do not divide evenly among
     // the threads (9 panels on 2): work items are half panels, so the panel that straddles two
     // threads is read half by each instead of whole by one, while the other waits. 60 products
@@ -511,7 +528,10 @@ void run_panels(const float* xp, const W* wp, const float* sc, const float* b, i
     // default model's o_proj and down_proj have 9 panels, its fused q/k/v 15. Batch-1 steps
     // (`benchmarks/step_breakdown.py --num-prompts 8 --k 2`, alternating with the previous
     // library, Xeon): plain 12.07 / 11.67 -> 11.04 / 11.22 ms, drafted 14.25 / 13.84 -> 13.09 /
-    // 13.22 ms. (AVX-512 only: the AVX2 strips would need a half pass of their own.)
+    // 13.22 ms. The AVX2 build (-march=haswell on that Xeon, alternating with the previous
+    // library): the 60 products 7.49-7.58 -> 6.61-6.82 ms at 1 row, 9.66-10.29 -> 7.84-8.63 at
+    // 4; 30 layers of the default model at 1 / 3 rows 10.13-10.86 / 12.15-12.97 -> 9.95-10.33 /
+    // 11.72-12.14 ms. (Not measured on AMD's CPUs.)
     if (tiles == 1 && threads > 1 && num_panels % threads != 0) {
       const W* none = nullptr;  // no next panel to fetch
       at::parallel_for(0, 2 * num_panels, 1, [&](int64_t h0, int64_t h1) {
