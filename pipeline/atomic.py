@@ -34,8 +34,9 @@ def write_atomically(final_path: str, write: Callable[[BinaryIO], None]) -> None
     except BaseException as exc:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(exc, OSError) and not exc.filename:
-            # a write or fsync that failed (a full disk) names no file: name the one it was for
+        if isinstance(exc, OSError) and exc.filename in (None, "", tmp):
+            # a write or fsync that failed (a full disk) names no file, a rename the temp file:
+            # name the one it was for
             raise OSError(exc.errno, exc.strerror or str(exc), final_path) from exc
         raise
     fsync_dir(os.path.dirname(final_path) or ".")

@@ -38,16 +38,20 @@ def report(config: ReportConfig) -> Path:
         if (out / JOB_REPORT_FILE).exists() and _reported_from(out) != source:
             raise JobError(f"--out {out} holds a {JOB_REPORT_FILE} that is not a report of "
                            f"{config.directory}: pick another directory, or remove it")
-    if (Path(config.directory) / BENCH_FILE).is_file():
-        from pipeline.bench.report import write_bench_report  # noqa: PLC0415
+    try:
+        if (Path(config.directory) / BENCH_FILE).is_file():
+            from pipeline.bench.report import write_bench_report  # noqa: PLC0415
 
-        path = write_bench_report(config.directory, config.out_dir)
-    else:
-        from pipeline.bench.job_report import write_job_report  # noqa: PLC0415
+            path = write_bench_report(config.directory, config.out_dir)
+        else:
+            from pipeline.bench.job_report import write_job_report  # noqa: PLC0415
 
-        path = write_job_report(config.directory, config.out_dir)
-    if not _same_dir(out, Path(config.directory)):
-        (out / _SOURCE_FILE).write_text(source + "\n", encoding="utf-8")
+            path = write_job_report(config.directory, config.out_dir)
+        if not _same_dir(out, Path(config.directory)):
+            (out / _SOURCE_FILE).write_text(source + "\n", encoding="utf-8")
+    except OSError as exc:  # a read-only or full --out (each file is written whole or not at all)
+        raise JobError(f"{exc.filename or config.out_dir}: {exc.strerror or exc}; the report is "
+                       "not complete") from None
     return path
 
 

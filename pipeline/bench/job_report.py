@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.atomic import write_bytes_atomically
 from pipeline.bench import markdown as md
 from pipeline.bench.plots import (
     drop_undrawn,
@@ -109,7 +110,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
                 _shard_table(shards, committed),
                 _plot_links(drawn, totals.drafted)]
     path = out / REPORT_FILE
-    path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
+    write_bytes_atomically(str(path), ("\n\n".join(s for s in sections if s) + "\n").encode())
     return path
 
 

@@ -6,6 +6,7 @@ Each function draws one figure, writes it to `path` and returns what it drew as
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from pipeline.atomic import write_bytes_atomically
 from pipeline.bench.aggregate import (
     Key,
     Summary,
@@ -49,8 +51,11 @@ def drop_undrawn(out: Path, plots: dict[str, str], drawn: dict[str, Series | Non
 
 
 def _save(fig: Figure, path: Path) -> None:
+    """Drawn in memory, then written in one rename: a full disk leaves no cut-off PNG."""
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=_DPI)
+    write_bytes_atomically(str(path), png.getvalue())
 
 
 def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:

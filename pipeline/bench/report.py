@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pipeline.atomic import write_bytes_atomically
 from pipeline.bench import markdown as md
 from pipeline.bench.aggregate import (
     Key,
@@ -58,7 +59,7 @@ def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
                 _ratios(summaries), _acceptance(rows, meta), _bandwidth(summaries, meta),
                 _plots(drawn), _DEFINITIONS]
     path = out / REPORT_FILE
-    path.write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
+    write_bytes_atomically(str(path), ("\n\n".join(s for s in sections if s) + "\n").encode())
     return path
 
 

@@ -124,6 +124,29 @@ def test_report_of_a_half_finished_job_goes_to_out(tmp_path: Path) -> None:
     assert not (job / "report.md").exists()
 
 
+def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_part_file(
+        tmp_path: Path) -> None:
+    """A plot or report.md that cannot be written (a read-only or full --out; here a directory
+    where report.md goes) is a one-line error naming it, and the files written before it are
+    whole: each is drawn in memory and written in one rename."""
+    job = tmp_path / "job"
+    job.mkdir()
+    shards = {0: Counts(rows=10, prompt_tokens=50, completion_tokens=200, wall_seconds=4.0)}
+    Manifest({"model": "m", "drafter": None, "sampling": {"max_tokens": 20}, "n": 1,
+              "shard_rows": 10}, [{"path": "in.parquet"}], 1, shards).save(str(job))
+    write_stats(str(job), shards)
+    (job / "part-00000.parquet").write_bytes(b"")
+    (job / "report.md").mkdir()
+    code, _, err = _report(str(job))
+    assert code == 2
+    assert err == f"error: {job / 'report.md'}: Is a directory; the report is not complete\n"
+    assert sorted(p.name for p in job.iterdir()) == sorted(  # no temp file left
+        ["manifest.json", "stats.parquet", "part-00000.parquet", "report.md",
+         PLOTS["throughput"], PLOTS["errors"]])
+    assert (job / PLOTS["throughput"]).read_bytes().startswith(PNG_SIGNATURE)
+    imread(job / PLOTS["throughput"])  # whole
+
+
 def test_recorded_commit_times_not_the_part_files_and_missing_part_files_named(
         tmp_path: Path) -> None:
     """A copy of the job's directory (new modification times) reports the same figures: the
