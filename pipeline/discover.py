@@ -56,10 +56,24 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     sorted, without the files a job writes in output_dir ('data/*/*.parquet' into data/out
     matches data/out/part-00000.parquet once the job has written it). A glob reads no values
     from folder names."""
+    found = _discover(spec, output_dir)
+    for f in found:
+        try:
+            f.path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise JobError(f"input {f.path!r}: the file's name is not UTF-8 (Parquet readers take "
+                           "UTF-8 paths); rename it") from None
+    return found
+
+
+def _discover(spec: str, output_dir: str | None) -> list[Found]:
     if os.path.isfile(spec):
         return [Found(spec)]
     if os.path.isdir(spec):
         return _directory_files(spec)
+    if os.path.exists(spec):
+        raise JobError(f"input {spec}: not a regular file or a directory (a device, a pipe or a "
+                       "socket)")
     found = glob.glob(spec, recursive=True)
     files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     spelled = _spelled(spec)
@@ -79,6 +93,10 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
         if any(os.path.isdir(p) for p in found):
             raise JobError(f"input {spec}: the glob matches only directories; match the files "
                            f"in them (e.g. {os.path.join(spec, '*.parquet')})")
+        special = [p for p in found if not os.path.isfile(p)]
+        if special:
+            raise JobError(f"input {spec}: the glob matches only {special[0]}, not a regular file "
+                           "(a device, a pipe or a socket)")
         if found:
             raise JobError(f"input {spec}: the glob matches only the job's own output files")
         raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
@@ -86,6 +104,17 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
         print(f"note: input {spec}: left out {len(hidden)} file(s) the glob's wildcards matched "
               f"that are not data, such as {hidden[0]} ({_NOT_DATA}; spell the name out in the "
               f"glob to read it)", file=sys.stderr)
+    left_out = _folders_left_out(found, files, spelled)
+    datasets = [p for p in left_out if p.rstrip(os.sep).endswith(".parquet")]
+    if datasets:  # a folder of part files, as Spark and pyarrow write a dataset
+        raise JobError(f"input {spec}: the glob matches the directory {datasets[0]}, none of "
+                       f"whose files it matches (a glob reads files): give the directory as "
+                       f"INPUT, or a glob that matches its files too (e.g. "
+                       f"{os.path.join(os.path.dirname(spec), '**', '*.parquet')})")
+    if left_out:
+        print(f"note: input {spec}: left out {len(left_out)} directory(ies) the glob matched, "
+              f"such as {left_out[0]} (a glob reads files: match the files in them to read "
+              "them)", file=sys.stderr)
     stems = [os.path.splitext(os.path.basename(p))[0] for p in matches]
     if len(set(stems)) == len(stems):
         return [Found(p) for p in matches]  # ids made from the file names, as always
@@ -94,6 +123,17 @@ def discover_inputs(spec: str, output_dir: str | None = None) -> list[Found]:
     base = _fixed_folders(spec)
     return [Found(p, (), os.path.splitext(os.path.relpath(p, base))[0].replace(os.sep, "/"))
             for p in matches]
+
+
+def _folders_left_out(found: list[str], files: list[str], spelled: set[str]) -> list[str]:
+    """The directories a glob matched that hold something and none of whose files it matched
+    (hidden ones aside): their rows would be left out without a word."""
+    def covered(folder: str) -> bool:
+        prefix = folder.rstrip(os.sep) + os.sep
+        return any(p.startswith(prefix) for p in files)
+
+    return [p for p in found if os.path.isdir(p) and os.listdir(p) and not covered(p)
+            and not _hidden_by_wildcard(p.rstrip(os.sep), spelled)]
 
 
 def _one_path_per_file(spec: str, paths: list[str]) -> list[str]:

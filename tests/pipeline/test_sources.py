@@ -223,6 +223,55 @@ def test_a_glob_leaves_out_the_hidden_names_its_wildcards_match(
         f"such as its stats.parquet); spell the name out in the glob to read it")
 
 
+def test_a_glob_that_matches_a_folder_but_none_of_its_files_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dataset folder named like a file (Spark's and pyarrow's ds.parquet/) that a glob
+    matches without its files is refused, naming it: its rows would be left out. Another such
+    folder is left out with a note; a glob that reaches the folder's files is quiet."""
+    data = tmp_path / "data"
+    write_parquet(data / "ds.parquet" / "part-0000.parquet", _prompts(2))
+    write_parquet(data / "other.parquet", _prompts(1))
+    write_parquet(data / "sub" / "x.parquet", _prompts(1))
+    for spec in (f"{data}/*.parquet", f"{data}/*"):
+        with pytest.raises(JobError) as raised:
+            resolve_input(spec)
+        assert str(raised.value) == (
+            f"input {spec}: the glob matches the directory {data}/ds.parquet, none of whose "
+            f"files it matches (a glob reads files): give the directory as INPUT, or a glob "
+            f"that matches its files too (e.g. {data}/**/*.parquet)")
+    assert resolve_input(f"{data}/**/*.parquet") == [
+        str(data / "ds.parquet" / "part-0000.parquet"), str(data / "other.parquet"),
+        str(data / "sub" / "x.parquet")]
+    assert capsys.readouterr().err == ""
+    (data / "ds.parquet" / "part-0000.parquet").rename(data / "part-0000.parquet")
+    (data / "ds.parquet").rmdir()
+    assert resolve_input(f"{data}/*") == [str(data / "other.parquet"),
+                                          str(data / "part-0000.parquet")]
+    assert capsys.readouterr().err == (
+        f"note: input {data}/*: left out 1 directory(ies) the glob matched, such as {data}/sub "
+        f"(a glob reads files: match the files in them to read them)\n")
+
+
+def test_an_input_that_is_not_a_regular_file_is_named_as_such(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.parquet")
+    with pytest.raises(JobError) as raised:
+        resolve_input(str(tmp_path / "pipe.parquet"))
+    assert str(raised.value) == (f"input {tmp_path}/pipe.parquet: not a regular file or a "
+                                 "directory (a device, a pipe or a socket)")
+    with pytest.raises(JobError) as raised:
+        resolve_input(f"{tmp_path}/pipe*")
+    assert str(raised.value) == (f"input {tmp_path}/pipe*: the glob matches only "
+                                 f"{tmp_path}/pipe.parquet, not a regular file (a device, a "
+                                 "pipe or a socket)")
+    name = os.fsdecode(b"\xff.parquet")  # not UTF-8: a surrogate escape in Python
+    write_parquet(tmp_path / "d" / "a.parquet", _prompts(1))
+    (tmp_path / "d" / "a.parquet").rename(tmp_path / "d" / name)  # (pyarrow takes no such path)
+    with pytest.raises(JobError) as raised:
+        resolve_input(str(tmp_path / "d"))
+    assert str(raised.value) == (f"input {str(tmp_path / 'd' / name)!r}: the file's name is not "
+                                 "UTF-8 (Parquet readers take UTF-8 paths); rename it")
+
+
 def test_glob_and_single_file(tmp_path: Path) -> None:
     for name in ("x2.parquet", "x1.parquet", "y.parquet"):
         write_parquet(tmp_path / name, _prompts(1))
