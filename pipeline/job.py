@@ -103,7 +103,7 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
               file=sys.stderr)
     files = scan_inputs(files, config, has_id)
     plan = InputPlan(files, schema, has_id, plan_shards(files, config.shard_rows))
-    created = not os.path.exists(config.output_dir)
+    created = _missing_folders(config.output_dir)  # OUTPUT_DIR first, then its new parents
     try:
         os.makedirs(config.output_dir, exist_ok=True)
     except OSError as exc:
@@ -117,10 +117,27 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
             # directory (and lock file) of the job that holds it.
             if created and os.listdir(config.output_dir) == [LOCK_FILE]:
                 os.remove(os.path.join(config.output_dir, LOCK_FILE))
-                os.rmdir(config.output_dir)
+                for folder in created:  # the ones makedirs made, if still empty
+                    try:
+                        os.rmdir(folder)
+                    except OSError:
+                        break
             raise
     print(summary.line)
     return summary
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders of `path` that do not exist yet, deepest first (makedirs will make them)."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
 
 
 def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,

@@ -227,6 +227,17 @@ def test_another_attention_backend_or_device_is_another_job(
     assert (summary.shards_resumed, summary.shards_run, summary.complete) == (4, 1, True)
 
 
+def test_a_refused_job_leaves_none_of_the_folders_it_made(tmp_path: Path) -> None:
+    """OUTPUT_DIR's parents that the job made for it go too, not those that were there."""
+    _inputs(tmp_path)
+    (tmp_path / "keep").mkdir()
+    for out in ("nest/a/b", "keep/x/y"):
+        with pytest.raises(JobError, match="^cannot load --model "):
+            run_job(_config(tmp_path, tmp_path / "no-model", out=out), progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["in", "keep"]
+    assert os.listdir(tmp_path / "keep") == []
+
+
 def test_a_model_whose_weights_changed_is_refused(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     """The same model path with other weights (a checkpoint saved again into its directory): a
