@@ -22,6 +22,7 @@ from pipeline.atomic import remove_stale_temps, write_bytes_atomically
 from pipeline.bench.metrics import BENCH_FILE
 from pipeline.config import JobConfig, JobError, one_line
 from pipeline.manifest import (
+    JOB_REPORT_FILE,
     LOCK_FILE,
     SUCCESS_FILE,
     Manifest,
@@ -111,6 +112,8 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
     with _locked(config.output_dir), _naming_write_errors(config.overwrite):
         try:
             summary = _run_locked(config, plan, runner, engine_factory, progress)
+            if summary.shards_run:
+                _refresh_report(config.output_dir)
         except BaseException:
             # refused before it wrote anything (the model would not load, say): leave no trace.
             # Only the lock's holder tidies up: a job refused for the lock must not remove the
@@ -125,6 +128,25 @@ def run_job(config: JobConfig, engine_factory: Callable[[EngineConfig], EngineLi
             raise
     print(summary.line)
     return summary
+
+
+def _refresh_report(output_dir: str) -> None:
+    """A report.md that `eaglebatch report` wrote into OUTPUT_DIR describes the job as it was:
+    written again from the files as they are now (a failure to is said, not raised: the job's
+    rows are committed)."""
+    if not os.path.isfile(os.path.join(output_dir, JOB_REPORT_FILE)):
+        return
+    from pipeline.bench.job_report import write_job_report  # noqa: PLC0415 (matplotlib)
+
+    try:
+        write_job_report(output_dir, output_dir)
+    except (OSError, JobError) as exc:
+        print(f"note: {os.path.join(output_dir, JOB_REPORT_FILE)} describes the job before "
+              f"this run and could not be written again ({exc}): rerun eaglebatch report",
+              file=sys.stderr)
+    else:
+        print(f"wrote {os.path.join(output_dir, JOB_REPORT_FILE)} again (it was there)",
+              file=sys.stderr)
 
 
 def _missing_folders(path: str) -> list[str]:

@@ -137,6 +137,27 @@ def test_resume_regenerates_only_the_missing_shard(
     assert built == []
 
 
+def test_a_report_in_output_dir_is_written_again_when_the_job_goes_on(
+        tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.bench.job_report import write_job_report
+
+    config, out, _ = _finished_job(tmp_path, tiny_model_dir, tiny_engine)
+    (out / "part-00001.parquet").unlink()
+    (out / "_SUCCESS").unlink()
+    write_job_report(str(out), str(out))
+    assert "- 5 of 5 shards committed; not complete" in (out / "report.md").read_text()
+    capsys.readouterr()
+    run_job(config, _factory(tiny_engine), progress=False)
+    assert capsys.readouterr().err.endswith(f"wrote {out / 'report.md'} again (it was there)\n")
+    assert "- 5 of 5 shards committed; complete (_SUCCESS written)" in (
+        out / "report.md").read_text()
+    # a rerun of a finished job generates nothing, and leaves the report alone
+    before = (out / "report.md").read_text()
+    run_job(config, _factory(tiny_engine), progress=False)
+    assert (out / "report.md").read_text() == before
+
+
 def test_a_damaged_part_file_of_a_finished_job_is_generated_again(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine,
         capsys: pytest.CaptureFixture[str]) -> None:
