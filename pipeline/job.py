@@ -23,10 +23,12 @@ from pipeline.bench.metrics import BENCH_FILE
 from pipeline.config import JobConfig, JobError, one_line
 from pipeline.manifest import (
     JOB_REPORT_FILE,
+    JOB_REPORT_TITLE,
     LOCK_FILE,
     SUCCESS_FILE,
     Manifest,
     ManifestWriter,
+    check_placement,
     check_resumable,
     clear_outputs,
     drop_unusable_parts,
@@ -134,13 +136,18 @@ def _refresh_report(output_dir: str) -> None:
     """A report.md that `eaglebatch report` wrote into OUTPUT_DIR describes the job as it was:
     written again from the files as they are now (a failure to is said, not raised: the job's
     rows are committed)."""
-    if not os.path.isfile(os.path.join(output_dir, JOB_REPORT_FILE)):
+    try:
+        with open(os.path.join(output_dir, JOB_REPORT_FILE), encoding="utf-8") as f:
+            ours = f.readline().rstrip("\n") == JOB_REPORT_TITLE
+    except (OSError, UnicodeDecodeError):
+        return
+    if not ours:  # the user's own report.md
         return
     from pipeline.bench.job_report import write_job_report  # noqa: PLC0415 (matplotlib)
 
     try:
         write_job_report(output_dir, output_dir)
-    except (OSError, JobError) as exc:
+    except Exception as exc:  # noqa: BLE001  (the rows are committed: never fail the job here)
         print(f"note: {os.path.join(output_dir, JOB_REPORT_FILE)} describes the job before "
               f"this run and could not be written again ({exc}): rerun eaglebatch report",
               file=sys.stderr)
@@ -170,6 +177,10 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
     unusable = unusable_parts(manifest, config.output_dir)  # read once: each part file's hash
     if not config.overwrite and manifest.complete and not unusable:
         runner = _nothing_to_run  # a rerun of a finished job: no model to load, no cluster
+    else:  # it generates: where it runs is where the job ran (a new job's manifest: trivially)
+        here = {"device": config.engine.device, "dtype": config.engine.dtype,
+                "attention_backend": config.engine.attention_backend, **_placement(config)}
+        check_placement(manifest, here, config.output_dir)
     with runner(config, plan, engine_factory) as run_shards:
         resumed = _prepare_output_dir(config, manifest, unusable)
         seconds_before = total(manifest.shards.values()).wall_seconds
@@ -271,13 +282,15 @@ def _nothing_to_run(config: JobConfig, plan: InputPlan,
 
 def _manifest_for(config: JobConfig, plan: InputPlan) -> Manifest:
     """The manifest this run continues (read only: refusals happen before anything changes)."""
-    fresh = Manifest(config.fingerprint() | _placement(config),
-                     [f.fingerprint() for f in plan.files], len(plan.shards))
+    fresh = Manifest(config.fingerprint(), [f.fingerprint() for f in plan.files],
+                     len(plan.shards))
     if config.overwrite:
+        fresh.config |= _placement(config)
         fresh.inputs = with_input_digests(fresh.inputs)
         return fresh
     existing = load_manifest(config.output_dir)
     if existing is None:
+        fresh.config |= _placement(config)
         leftovers = [n for n in our_files(config.output_dir) if not n.startswith(".")]
         if leftovers:
             raise JobError(f"{config.output_dir} holds {leftovers[0]} but no manifest.json, so it "

@@ -37,6 +37,7 @@ from pipeline.stats import STATS_FILE, Counts, total, write_stats
 
 # what `eaglebatch report` writes into a job's OUTPUT_DIR (pipeline.bench.job_report)
 JOB_REPORT_FILE = "report.md"
+JOB_REPORT_TITLE = "# eaglebatch job report"  # its first line (a job refreshes such a file)
 JOB_PLOTS = {"throughput": "shard_tokens_per_s.png", "acceptance": "acceptance_by_position.png",
              "errors": "errors_by_shard.png"}
 LOCK_FILE = ".eaglebatch.lock"
@@ -186,20 +187,16 @@ def _field(data: dict[str, Any], key: str, kind: type, default: Any = _ABSENT) -
 # attention backend (not recorded before this version: such a job still resumes), and the
 # placement the local runner resolves (the Ray runner's workers resolve their own).
 _IF_BOTH = ("model_digest", "device", "attention_backend", "placement")
+# where the job runs: the options as given, and placement, what the local runner resolved them
+# to (compared by check_placement, once it is known that the run generates)
+PLACED = ("device", "dtype", "attention_backend", "placement")
 
 
 def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dict[str, Any]],
                     output_dir: str) -> None:
-    """Refuse to resume a directory written by a different job or from different input."""
-    old = {k: v for k, v in manifest.config.items() if k not in _IF_BOTH or k in config}
-    new = {k: v for k, v in config.items() if k not in _IF_BOTH or k in manifest.config}
-    diffs = _differences(old, new)
-    if diffs:
-        why = ("; the model's config.json or weights are not those the job started with"
-               if any(d.startswith("model_digest:") for d in diffs) else "")
-        raise JobError(f"{output_dir} holds the outputs of a different job ({'; '.join(diffs)}"
-                       f"{why}); rerun with --overwrite to discard them, or choose another "
-                       "OUTPUT_DIR")
+    """Refuse to resume a directory written by a different job or from different input (where
+    it runs aside: check_placement)."""
+    _refuse_differences(*_compared(manifest.config, config, exclude=PLACED), output_dir)
     change, touched = _input_change(manifest.inputs, inputs)
     if change:
         raise JobError(f"the input changed since {output_dir} was written ({change}); rerun with "
@@ -211,6 +208,38 @@ def check_resumable(manifest: Manifest, config: dict[str, Any], inputs: list[dic
     digests = {f["path"]: f.get("sha256") for f in manifest.inputs}
     manifest.inputs = [f | ({"sha256": digests[f["path"]]} if digests.get(f["path"]) else {})
                        for f in inputs]
+
+
+def check_placement(manifest: Manifest, config: dict[str, Any], output_dir: str) -> None:
+    """Refuse to generate more of a job elsewhere than it ran (the attention backends sum in
+    other orders, a GPU job ran in bfloat16): placement where both runs kept it (the local
+    runner), else the options as given."""
+    old, new = _compared({k: v for k, v in manifest.config.items() if k in PLACED},
+                         {k: v for k, v in config.items() if k in PLACED}, exclude=())
+    if "placement" in old and "placement" in new:  # the options' spelling aside
+        old, new = {"placement": old["placement"]}, {"placement": new["placement"]}
+    _refuse_differences(old, new, output_dir)
+
+
+def _compared(old: dict[str, Any], new: dict[str, Any], exclude: tuple[str, ...]
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two fingerprints without `exclude`, and without the fields of _IF_BOTH that one of
+    them lacks."""
+    def keep(key: str, other: dict[str, Any]) -> bool:
+        return key not in exclude and (key not in _IF_BOTH or key in other)
+
+    return ({k: v for k, v in old.items() if keep(k, new)},
+            {k: v for k, v in new.items() if keep(k, old)})
+
+
+def _refuse_differences(old: dict[str, Any], new: dict[str, Any], output_dir: str) -> None:
+    diffs = _differences(old, new)
+    if diffs:
+        why = ("; the model's config.json or weights are not those the job started with"
+               if any(d.startswith("model_digest:") for d in diffs) else "")
+        raise JobError(f"{output_dir} holds the outputs of a different job ({'; '.join(diffs)}"
+                       f"{why}); rerun with --overwrite to discard them, or choose another "
+                       "OUTPUT_DIR")
 
 
 def has_our_outputs(output_dir: str) -> bool:

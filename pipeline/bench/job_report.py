@@ -39,6 +39,7 @@ from pipeline.discover import is_part_name, part_name
 from pipeline.manifest import (
     JOB_PLOTS,
     JOB_REPORT_FILE,
+    JOB_REPORT_TITLE,
     MANIFEST_FILE,
     MISSING,
     SUCCESS_FILE,
@@ -290,7 +291,7 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
             done: bool, missing: list[int], damaged: list[int], from_files: int,
             damaged_manifest: bool = False, stats_problem: str | None = None) -> str:
-    lines = ["# eaglebatch job report", "", f"- directory: `{directory}`",
+    lines = [JOB_REPORT_TITLE, "", f"- directory: `{directory}`",
              f"- written {_clock(time.time())}, from the files as they were then"
              + ("" if done else " (rerun `eaglebatch report` once the job has gone on)")]
     for shard_ids, what, why in ((missing, "missing", "their rows are not on disk"),

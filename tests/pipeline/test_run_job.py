@@ -156,6 +156,11 @@ def test_a_report_in_output_dir_is_written_again_when_the_job_goes_on(
     before = (out / "report.md").read_text()
     run_job(config, _factory(tiny_engine), progress=False)
     assert (out / "report.md").read_text() == before
+    # a report.md of the user's own is theirs
+    (out / "report.md").write_text("# my notes\n")
+    (out / "part-00001.parquet").unlink()
+    run_job(config, _factory(tiny_engine), progress=False)
+    assert (out / "report.md").read_text() == "# my notes\n"
 
 
 def test_a_damaged_part_file_of_a_finished_job_is_generated_again(
@@ -223,27 +228,36 @@ def test_max_model_len_equal_to_the_models_context_is_the_same_job(
 def test_another_attention_backend_or_device_is_another_job(
         tmp_path: Path, tiny_model_dir: Path, tiny_engine: Engine) -> None:
     """The attention backends sum in other orders, so greedy tokens may differ: the manifest
-    keeps the options and, for the local runner, what 'auto' resolved to on this machine. A
-    manifest written before they were kept still resumes."""
+    keeps what the options resolved to on the machine that ran it (the local runner), and a
+    resume that would run elsewhere is refused; the same place spelled out ('cpu' for 'auto')
+    is the same job, and so is a finished job's rerun (it generates nothing). A manifest
+    written before they were kept still resumes."""
     config, out, _ = _finished_job(tmp_path, tiny_model_dir, tiny_engine)
     recorded = json.loads((out / "manifest.json").read_text())
     assert recorded["config"]["placement"] == {"device": "cpu", "dtype": "float32",
                                                "attention_backend": "cpu"}
     assert (recorded["config"]["device"], recorded["config"]["attention_backend"]) == (
         "auto", "auto")
+
+    def elsewhere(**change: Any) -> JobConfig:
+        return dataclasses.replace(config, engine=dataclasses.replace(config.engine, **change))
+
+    summary = run_job(elsewhere(attention_backend="torch"), _factory(tiny_engine),
+                      progress=False)
+    assert (summary.shards_resumed, summary.shards_run) == (5, 0)  # finished: nothing to run
     (out / "part-00001.parquet").unlink()
-    for change, diffs in (
-            ({"attention_backend": "torch"}, "attention_backend: 'auto' -> 'torch'; "
-                                             "placement.attention_backend: 'cpu' -> 'torch'"),
-            ({"device": "cpu"}, "device: 'auto' -> 'cpu'")):
-        other = dataclasses.replace(config, engine=dataclasses.replace(config.engine, **change))
-        with pytest.raises(JobError) as err:
-            run_job(other, _factory(tiny_engine), progress=False)
-        assert str(err.value).startswith(f"{out} holds the outputs of a different job "
-                                         f"({diffs}); ")
+    with pytest.raises(JobError) as err:
+        run_job(elsewhere(attention_backend="torch"), _factory(tiny_engine), progress=False)
+    assert str(err.value).startswith(f"{out} holds the outputs of a different job "
+                                     "(placement.attention_backend: 'cpu' -> 'torch'); ")
+    summary = run_job(elsewhere(device="cpu", attention_backend="cpu", dtype="float32"),
+                      _factory(tiny_engine), progress=False)
+    assert (summary.shards_resumed, summary.shards_run, summary.complete) == (4, 1, True)
+    assert json.loads((out / "manifest.json").read_text())["config"] == recorded["config"]
     for key in ("placement", "device", "attention_backend"):
         del recorded["config"][key]
     (out / "manifest.json").write_text(json.dumps(recorded))
+    (out / "part-00002.parquet").unlink()
     summary = run_job(config, _factory(tiny_engine), progress=False)
     assert (summary.shards_resumed, summary.shards_run, summary.complete) == (4, 1, True)
 
