@@ -71,9 +71,8 @@ def _discover(spec: str, output_dir: str | None) -> list[Found]:
         return [Found(spec)]
     if os.path.isdir(spec):
         return _directory_files(spec)
-    if os.path.exists(spec):
-        raise JobError(f"input {spec}: not a regular file or a directory (a device, a pipe or a "
-                       "socket)")
+    if os.path.lexists(spec):
+        raise JobError(f"input {spec}: {_not_regular(spec)}")
     found = glob.glob(spec, recursive=True)
     files = sorted(p for p in found if os.path.isfile(p) and not _written_by_job(p, output_dir))
     spelled = _spelled(spec)
@@ -95,8 +94,8 @@ def _discover(spec: str, output_dir: str | None) -> list[Found]:
                            f"in them (e.g. {os.path.join(spec, '*.parquet')})")
         special = [p for p in found if not os.path.isfile(p)]
         if special:
-            raise JobError(f"input {spec}: the glob matches only {special[0]}, not a regular file "
-                           "(a device, a pipe or a socket)")
+            raise JobError(f"input {spec}: the glob matches only {special[0]}: "
+                           f"{_not_regular(special[0])}")
         if found:
             raise JobError(f"input {spec}: the glob matches only the job's own output files")
         raise JobError(f"input {spec}: no such file or directory, and no file matches it as a glob")
@@ -104,7 +103,7 @@ def _discover(spec: str, output_dir: str | None) -> list[Found]:
         print(f"note: input {spec}: left out {len(hidden)} file(s) the glob's wildcards matched "
               f"that are not data, such as {hidden[0]} ({_NOT_DATA}; spell the name out in the "
               f"glob to read it)", file=sys.stderr)
-    left_out = _folders_left_out(found, files, spelled)
+    left_out = _folders_left_out(found, files, spelled, output_dir)
     datasets = [p for p in left_out if p.rstrip(os.sep).endswith(".parquet")]
     if datasets:  # a folder of part files, as Spark and pyarrow write a dataset
         raise JobError(f"input {spec}: the glob matches the directory {datasets[0]}, none of "
@@ -125,15 +124,37 @@ def _discover(spec: str, output_dir: str | None) -> list[Found]:
             for p in matches]
 
 
-def _folders_left_out(found: list[str], files: list[str], spelled: set[str]) -> list[str]:
-    """The directories a glob matched that hold something and none of whose files it matched
-    (hidden ones aside): their rows would be left out without a word."""
-    def covered(folder: str) -> bool:
-        prefix = folder.rstrip(os.sep) + os.sep
-        return any(p.startswith(prefix) for p in files)
+def _not_regular(path: str) -> str:
+    if not os.path.exists(path):
+        return "a broken symbolic link"
+    return "not a regular file or a directory (a device, a pipe or a socket)"
 
-    return [p for p in found if os.path.isdir(p) and os.listdir(p) and not covered(p)
-            and not _hidden_by_wildcard(p.rstrip(os.sep), spelled)]
+
+def _folders_left_out(found: list[str], files: list[str], spelled: set[str],
+                      output_dir: str | None) -> list[str]:
+    """The directories a glob matched that hold a data file (hidden names aside) and none of
+    whose files it matched: their rows would be left out without a word. A job's OUTPUT_DIR is
+    not one of them."""
+    covered = set()  # every folder above a matched file
+    for path in files:
+        folder = os.path.dirname(path)
+        while folder and folder not in covered:
+            covered.add(folder)
+            parent = os.path.dirname(folder)
+            folder = "" if parent == folder else parent
+    out = os.path.abspath(output_dir) if output_dir else None
+    return [p for p in found if os.path.isdir(p) and p.rstrip(os.sep) not in covered
+            and os.path.abspath(p) != out and not _hidden_by_wildcard(p.rstrip(os.sep), spelled)
+            and not _is_job_output(p, os.listdir(p)) and _holds_data(p)]
+
+
+def _holds_data(folder: str) -> bool:
+    """Whether a file that is not hidden ('_x', '.x' anywhere below `folder`) lies under it."""
+    for _, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        if any(not n.startswith((".", "_")) for n in names):
+            return True
+    return False
 
 
 def _one_path_per_file(spec: str, paths: list[str]) -> list[str]:

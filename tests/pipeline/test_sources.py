@@ -250,6 +250,16 @@ def test_a_glob_that_matches_a_folder_but_none_of_its_files_says_so(
     assert capsys.readouterr().err == (
         f"note: input {data}/*: left out 1 directory(ies) the glob matched, such as {data}/sub "
         f"(a glob reads files: match the files in them to read them)\n")
+    # a folder with nothing to read (an empty dataset's _SUCCESS), and the job's own OUTPUT_DIR
+    # (a job reading data/* into data/out), are left out without a word
+    (data / "empty.parquet").mkdir()
+    (data / "empty.parquet" / "_SUCCESS").write_text("")
+    (data / "sub" / "x.parquet").rename(data / "x.parquet")
+    write_parquet(data / "out" / "part-00000.parquet", _prompts(1))
+    (data / "out" / "manifest.json").write_text("{}")
+    assert resolve_input(f"{data}/*", str(data / "out")) == [
+        str(data / "other.parquet"), str(data / "part-0000.parquet"), str(data / "x.parquet")]
+    assert capsys.readouterr().err == ""
 
 
 def test_an_input_that_is_not_a_regular_file_is_named_as_such(tmp_path: Path) -> None:
@@ -261,8 +271,12 @@ def test_an_input_that_is_not_a_regular_file_is_named_as_such(tmp_path: Path) ->
     with pytest.raises(JobError) as raised:
         resolve_input(f"{tmp_path}/pipe*")
     assert str(raised.value) == (f"input {tmp_path}/pipe*: the glob matches only "
-                                 f"{tmp_path}/pipe.parquet, not a regular file (a device, a "
-                                 "pipe or a socket)")
+                                 f"{tmp_path}/pipe.parquet: not a regular file or a directory "
+                                 "(a device, a pipe or a socket)")
+    (tmp_path / "gone.parquet").symlink_to(tmp_path / "nowhere.parquet")
+    with pytest.raises(JobError) as raised:
+        resolve_input(str(tmp_path / "gone.parquet"))
+    assert str(raised.value) == f"input {tmp_path}/gone.parquet: a broken symbolic link"
     name = os.fsdecode(b"\xff.parquet")  # not UTF-8: a surrogate escape in Python
     write_parquet(tmp_path / "d" / "a.parquet", _prompts(1))
     (tmp_path / "d" / "a.parquet").rename(tmp_path / "d" / name)  # (pyarrow takes no such path)
