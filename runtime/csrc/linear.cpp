@@ -322,8 +322,9 @@ void half_tile(const float* x, int64_t k, const W* panel, int64_t h, const float
                    bias != nullptr ? bias + from : nullptr, y + from, ldy, cols);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-// The same with AVX2: strips 4h .. 4h + 3 of the panel, in passes as tile_avx2's (4 strips a
-// pass at 1-3 rows, 2 at 4-6), each output one FMA chain over c in order.
+// The same with AVX2: strips 4h .. 4h + 3 of the panel, in strip_pass passes of 4 strips at 1-3
+// rows and 2 at 4-6 (where tile_avx2 takes 8 at 1 row and 3 at 4), each output one FMA chain
+// over c in order, as there.
 template <int Rows, typename W>
 void half_tile(const float* x, int64_t k, const W* panel, int64_t h, const float* scale,
                const float* bias, float* y, int64_t ldy, int64_t cols) {

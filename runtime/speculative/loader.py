@@ -327,7 +327,7 @@ def _d2t_from_t2d(tensors: dict[str, torch.Tensor], target_vocab: int, path: Pat
         raise DrafterMismatchError(f"drafter {path}: t2d has shape {tuple(t2d.shape)}; expected "
                                    f"[{target_vocab}] (one flag per target token) to derive d2t, "
                                    "which the checkpoint lacks")
-    if t2d.dtype != torch.bool and bool((t2d < 0).any()):  # a map: each draft id once
+    if _is_id_map(t2d):  # each draft id once
         draft_ids = t2d[t2d >= 0].sort().values
         if not torch.equal(draft_ids, torch.arange(len(draft_ids), dtype=draft_ids.dtype)):
             raise DrafterMismatchError(
@@ -344,11 +344,16 @@ def _d2t_from_t2d(tensors: dict[str, torch.Tensor], target_vocab: int, path: Pat
     return target_ids - torch.arange(len(target_ids))
 
 
+def _is_id_map(t2d: torch.Tensor) -> bool:
+    """Whether t2d maps each target id to its draft id (-1 elsewhere), not marks them."""
+    return t2d.dtype != torch.bool and bool((t2d < 0).any())
+
+
 def _draft_tokens_of_t2d(t2d: torch.Tensor) -> torch.Tensor:
     """The target ids of the draft tokens, in draft-token order, from t2d: a mask over the
     target's vocabulary (EAGLE's: the i-th marked id is draft token i), or a map of each target
     id to its draft id and -1 elsewhere."""
-    if t2d.dtype != torch.bool and bool((t2d < 0).any()):
+    if _is_id_map(t2d):
         ids = (t2d >= 0).nonzero().flatten()
         return ids[t2d[ids].argsort()]
     return t2d.bool().nonzero().flatten()

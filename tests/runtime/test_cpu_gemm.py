@@ -4,6 +4,7 @@ do not depend on the other rows of the product; the argmax kernel answers as tor
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -179,8 +180,9 @@ def test_a_single_tiles_panels_split_among_threads_give_the_same_bits(kind: str)
 def kernel_outputs(model_dir: str) -> dict[str, torch.Tensor]:
     """What every build of the kernels must give alike (test_every_instruction_set_gives_the_
     same_bits runs this in another process too): products of float32, bfloat16 and int8 panels
-    with a bias, 9 panels (the last 38 columns wide), K over three k-blocks, at 1-7, 12, 13, 18
-    and 49 rows (single tiles, half panels, k-blocked tiles) on 1 and 2 threads; and the greedy
+    with a bias, 9 panels (the last 38 columns wide), K over several k-blocks, at 1-7, 12, 13, 18
+    and 49 rows (single tiles, half panels, k-blocked tiles) on 1, 2 and 4 threads (on 4, the
+    last panel's halves go to two threads, its second half 6 columns wide); and the greedy
     tokens of the checkpoint in model_dir for four prompts batched together (its prompts'
     attention, decode attention, norms, rotary embedding and argmax: a random model's logits
     are close, so its tokens follow the last bits)."""
@@ -194,7 +196,7 @@ def kernel_outputs(model_dir: str) -> dict[str, torch.Tensor]:
               "int8": int8_panels(values, scale)}
     threads, outputs = torch.get_num_threads(), {}
     try:
-        for count in (1, 2):
+        for count in (1, 2, 4):
             torch.set_num_threads(count)
             for kind, (packed, scales) in panels.items():
                 for rows in (1, 2, 3, 4, 5, 6, 7, 12, 13, 18, 49):
@@ -213,6 +215,17 @@ def kernel_outputs(model_dir: str) -> dict[str, torch.Tensor]:
     return outputs
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                 if line.startswith("flags")), set())
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="x86 builds (-march=haswell, x86-64)")
 @pytest.mark.parametrize(("march", "strip"), [("haswell", 8), ("x86-64", 64)])
 def test_every_instruction_set_gives_the_same_bits(tmp_path: Path, tiny_model_dir: Path,
                                                    march: str, strip: int) -> None:
@@ -220,17 +233,22 @@ def test_every_instruction_set_gives_the_same_bits(tmp_path: Path, tiny_model_di
     CPUs without AVX-512) and the portable code (-march=x86-64, what other CPUs run) give this
     build's bits, whatever this CPU has: kernel_outputs, computed by another process on its own
     build."""
+    if march == "haswell" and not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("this CPU cannot run the AVX2 build")
     native = kernel_outputs(str(tiny_model_dir))
     out = tmp_path / "outputs.pt"
     code = ("import torch; from tests.runtime.test_cpu_gemm import kernel_outputs; "
+            "from runtime.cpu_kernels import kernel_library; "
             f"torch.save(kernel_outputs({str(tiny_model_dir)!r}), {str(out)!r}); "
-            "print(torch.ops.eaglebatch.panel_strip())")
+            "print(torch.ops.eaglebatch.panel_strip(), kernel_library())")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=root, env=os.environ | {"EAGLEBATCH_CPU_MARCH": march},
                           timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1:] == [str(strip)]  # that build's panel layout
+    *_, layout, library = done.stdout.split()
+    assert layout == str(strip)  # that build's panels
+    assert library != str(kernel_library())  # a library of its own, not this one
     other = torch.load(out)
     assert other.keys() == native.keys()
     for name, output in native.items():

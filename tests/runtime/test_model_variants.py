@@ -187,11 +187,10 @@ def test_yarn_over_the_whole_context_extends_it_by_its_factor(tmp_path: Path) ->
      "rope_type 'longrope' is not supported (its frequencies change with the sequence's length)"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
      "rope_type 'dynamic' is not supported (its frequencies change with the sequence's length)"),
+    # (the types transformers knows, listed after these, depend on its version)
     ({"rope_scaling": {"rope_type": "nonsense", "factor": 2.0}},
-     "rope_type 'nonsense' is not a RoPE type (supported: default, linear, llama3, "),
+     "rope_type 'nonsense' is not a RoPE type (supported: default, linear, llama3, ..."),
     ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "factor is '2'; expected a number"),
-    ({"model_type": "mistral", "sliding_window": "big"},
-     "config.json: not a valid config (Validation error for field 'sliding_window': "),
 ])
 def test_a_config_the_engine_would_run_differently_is_refused(
         tmp_path: Path, change: dict, message: str) -> None:
@@ -202,14 +201,30 @@ def test_a_config_the_engine_would_run_differently_is_refused(
     (model_dir / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ValueError) as err:
         Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20))
-    assert str(err.value).startswith(message) or str(err.value).startswith(
-        f"{model_dir / message}")
+    if message.endswith("..."):
+        assert str(err.value).startswith(message.removesuffix("..."))
+    else:
+        assert str(err.value) == message
+
+
+def test_a_window_that_is_not_a_number_is_refused_naming_it(tmp_path: Path) -> None:
+    """transformers 5 refuses it when it reads the config, 4.x leaves it to check_layer_config:
+    either way a one-line error that names the field."""
+    model_dir = make_tiny_checkpoint(tmp_path / "model")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(
+        {**config, "model_type": "mistral", "sliding_window": "big"}))
+    with pytest.raises(ValueError) as err:
+        Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20))
+    assert str(err.value) == "the model's sliding_window is 'big'; expected an integer or null" \
+        or str(err.value).startswith(f"{model_dir / 'config.json'}: not a valid config "
+                                     "(Validation error for field 'sliding_window': ")
 
 
 @pytest.mark.parametrize("change, message", [
     ({"hidden_act": "gelu"}, "'s hidden_act 'gelu' is not supported (supported: silu)"),
     ({"rope_scaling": {"rope_type": "nonsense", "factor": 2.0}},
-     "'s rope_type 'nonsense' is not a RoPE type (supported: default, linear, llama3, "),
+     "'s rope_type 'nonsense' is not a RoPE type (supported: default, linear, llama3, "),  # ...
     ({"rope_theta": "abc"}, "'s rope_theta is 'abc'; expected a number"),
     ({"sliding_window": "big"}, "'s sliding_window is 'big'; expected an integer or null"),
     ({"norm_before_residual": "false"}, ": norm_before_residual is 'false'; expected true or "
