@@ -115,8 +115,15 @@ def _ids(table: pa.Table, path: Path, option: str) -> list[str]:
             raise click.BadParameter(f"{path}: duplicate id {value!r} in column 'id' (rows "
                                      f"{seen[str(value)]} and {row}); ids must be unique",
                                      param_hint=option)
+        if _SAMPLE_ID.search(str(value)):  # the ids of sampled answers: <prompt id>#s<n>
+            raise click.BadParameter(f"{path}: id {value!r} at row {row} ends like a sampled "
+                                     "answer's id ('<prompt id>#s<n>'); ids must not end in "
+                                     "'#s' and a number", param_hint=option)
         seen[str(value)] = row
     return [str(i) for i in raw_ids]
+
+
+_SAMPLE_ID = re.compile(r"#s[0-9]+$")
 
 
 @click.command("train-drafter")

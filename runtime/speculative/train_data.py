@@ -111,6 +111,7 @@ def generate_answers(engine_config: EngineConfig, ids: Sequence[str], prompts: S
                                   SamplingParams(max_tokens=max_answer_tokens,
                                                  temperature=temperature, seed=seed))
                 for i, n, seed in todo if not isinstance(tokens := rendered[n], str))
+    _drop_cut_line(path)
     with path.open("a") as f:
         for c in engine.generate(requests):
             if c.finish_reason == "error" or not c.token_ids:
@@ -155,6 +156,17 @@ def check_answers_fit(data_dir: Path, ids: Sequence[str], prompts: Sequence[Prom
             f"{path} holds {len(stale)} answer(s) to other prompts under this run's ids (first: "
             f"{stale[0]!r}): the prompts, their column or the chat template changed since they "
             f"were made; choose another --out, or remove {data_dir}")
+
+
+def _drop_cut_line(path: Path) -> None:
+    """Cut off a last line that a crash left without its newline (read_answers skips it), so
+    that the next answer starts a line of its own instead of continuing it."""
+    if not path.is_file():
+        return
+    with path.open("rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def read_answers(path: Path) -> list[dict[str, Any]]:

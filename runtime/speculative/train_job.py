@@ -50,6 +50,7 @@ from runtime.speculative.train_data import (
     generate_answers,
     read_answers,
     read_shard,
+    read_source,
     record_source,
 )
 from runtime.speculative.train_eval import (
@@ -112,6 +113,8 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     digest = checkpoint_digest(model_dir)  # data/source.json's target digest
     check_source(data_dir, job.model, digest, layers)
     check_answers_fit(data_dir, job.prompt_ids, job.prompts, load_tokenizer(model_dir))
+    if read_source(data_dir) is None:  # named before the first answer: a run killed while
+        record_source(data_dir, job.model, digest, layers, None)  # answering leaves it too
     answers_before = len(read_answers(data_dir / ANSWERS))
     engine_config = EngineConfig(model=job.model, dtype=job.data_dtype,
                                  max_model_len=min(2048, target_config.max_position_embeddings))

@@ -356,3 +356,63 @@ def test_answers_to_other_prompts_under_the_same_ids_are_refused(
            (tmp_path / "f" / "data" / "answers.jsonl").read_text().splitlines()]
     assert ids[:6] == [json.loads(line)["id"] for line in made.splitlines()]
     assert sorted(ids[6:]) == ["x", "y", "z"]
+
+
+def test_a_run_killed_while_answering_names_its_target(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by QA: source.json was written after the answers, so the answers of a run killed
+    while answering were later trained on for another target without a word."""
+    from tqdm import tqdm
+
+    from runtime.speculative import train_job
+    from runtime.speculative.train_data import read_answers
+
+    class Killed(tqdm):  # the kill, right after the first answer is written
+        def update(self, n: float | None = 1) -> bool | None:
+            shown = super().update(n)
+            if self.desc == "answers" and self.n >= 1:
+                raise KeyboardInterrupt
+            return shown
+
+    monkeypatch.setattr(train_job, "tqdm", Killed)
+    out = tmp_path / "d"
+    with pytest.raises(KeyboardInterrupt):
+        run_train_drafter(_job(tiny_model_dir, out))
+    monkeypatch.undo()
+    assert len(read_answers(out / "data" / "answers.jsonl")) == 1
+    other = make_tiny_checkpoint(tmp_path / "other", seed=1)
+    with pytest.raises(ValueError, match=r" holds answers and features of another target "):
+        run_train_drafter(_job(other, out))
+
+
+def test_a_line_cut_by_a_crash_is_made_again_on_a_line_of_its_own(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    from runtime.speculative.train_data import read_answers
+
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out))
+    answers = out / "data" / "answers.jsonl"
+    whole = answers.read_bytes()
+    cut = tmp_path / "cut"
+    (cut / "data").mkdir(parents=True)
+    shutil.copy(out / "data" / "source.json", cut / "data")
+    (cut / "data" / "answers.jsonl").write_bytes(whole[:-40])  # the last answer cut
+    run_train_drafter(_job(tiny_model_dir, cut))
+    assert read_answers(cut / "data" / "answers.jsonl") == read_answers(answers)
+    assert (cut / "data" / "answers.jsonl").read_bytes() == whole
+
+
+def test_cli_refuses_ids_spelled_as_a_sampled_answers(tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    """'a#s1' is the id of prompt a's first sampled answer: as a prompt's id, two answers
+    shared it."""
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": ["a", "a#s1", "b"], "prompt": list(PROMPTS)}), prompts)
+    result = CliRunner().invoke(main, ["train-drafter", "--model", str(tiny_model_dir),
+                                       "--prompts", str(prompts), "--out", str(tmp_path / "o"),
+                                       "--max-steps", "1"])
+    assert result.exit_code == 2
+    assert (f"Invalid value for --prompts: {prompts}: id 'a#s1' at row 1 ends like a sampled "
+            "answer's id ('<prompt id>#s<n>'); ids must not end in '#s' and a number") in (
+        " ".join(result.output.split()))
+    assert not (tmp_path / "o").exists()
