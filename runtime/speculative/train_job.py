@@ -137,13 +137,16 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                                       dtype=getattr(torch, job.feature_dtype or job.data_dtype),
                                       progress=bar)
     target = load_target(model_dir, target_config)
-    vocab = frequent_tokens(rows, job.draft_vocab_size or min(8192, target_config.vocab_size))
+    resumed = torch.load(ckpt, weights_only=False) if job.resume and ckpt.exists() else None
+    vocab = resumed_vocab(resumed, job, ckpt)
+    if vocab is None:
+        vocab = frequent_tokens(rows, job.draft_vocab_size or min(8192, target_config.vocab_size))
     drafter = build_drafter(target, job, vocab)
     trainer = DrafterTrainer(drafter, job.train, loss_vocab=vocab,
                              t2d=t2d_of(vocab, target_config.vocab_size))
-    if job.resume and ckpt.exists():
+    if resumed is not None:
         try:
-            trainer.load_state(torch.load(ckpt, weights_only=False))
+            trainer.load_state(resumed)
         except (RuntimeError, ValueError, KeyError) as exc:  # another drafter's checkpoint
             raise ValueError(f"--resume: {ckpt} does not fit the drafter these options "
                              f"describe ({' '.join(str(exc).split())[:300]})") from None
@@ -175,6 +178,21 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                      earlier_runs=earlier_runs)
     write_train_log(job.out_dir, log)
     return result
+
+
+def resumed_vocab(resumed: dict[str, Any] | None, job: TrainDrafterJob, ckpt: Path
+                  ) -> torch.Tensor | None:
+    """An EAGLE-3 drafter's draft vocabulary on --resume: the one its checkpoint's head was
+    trained over (its d2t), not the most frequent tokens of the answers now, which more data
+    changes (a loss over other tokens than its head's trained it to nonsense)."""
+    state = (resumed or {}).get("drafter", {})
+    if job.style != "eagle3" or "d2t" not in state:
+        return None
+    d2t = state["d2t"]
+    if job.draft_vocab_size is not None and job.draft_vocab_size != len(d2t):
+        raise ValueError(f"--draft-vocab-size {job.draft_vocab_size}: {ckpt} was trained over a "
+                         f"draft vocabulary of {len(d2t)} tokens, which --resume keeps")
+    return torch.arange(len(d2t)) + d2t
 
 
 class TrainingInterrupted(Exception):
@@ -318,12 +336,14 @@ def load_init_drafter(path: Path, style: str, num_layers: int, target_config: An
 
 def init_from_drafter(drafter: EagleDrafter, path: Path, target_config: Any) -> None:
     """Start from a trained drafter's layers and fc (fine-tuning, e.g. on more data); its own
-    head, if any, is left out: the job derives the head from the target when it saves."""
+    head, if any, is left out: the job derives the head from the target (an EAGLE-3 head over
+    this run's draft vocabulary, which may be another than the drafter's)."""
     ckpt = load_init_drafter(path, drafter.style, len(drafter.layers), target_config)
-    head = ("lm_head.weight", "d2t", "norm.weight") if not drafter.own_head else ()
+    head = ("lm_head.weight", "d2t", "norm.weight")  # (an EAGLE-3 head: build_drafter's)
     state = {k: v.float() if v.is_floating_point() else v
              for k, v in ckpt.state_dict.items() if k not in head}
     missing, unexpected = drafter.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in head]
     if missing or unexpected:
         raise ValueError(f"--init-drafter {path}: missing {missing}, unexpected {unexpected}")
 

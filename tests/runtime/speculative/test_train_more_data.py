@@ -203,3 +203,29 @@ def test_cli_first_sample_draws_later_samples(tiny_model_dir: Path, tmp_path: Pa
     assert (f"Data: {4 * len(IDS)} answers" in card and "and 1 sampled at temperature 0.7 "
             f"(sample #5), besides {2 * len(IDS)} answers an earlier run left in the data "
             "directory" in card)
+
+
+def test_an_eagle3_drafter_keeps_its_draft_vocabulary_on_resume_and_drops_it_to_fine_tune(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Found by QA: --resume with more answers trained the head over the checkpoint's draft
+    vocabulary against a loss over the new answers' most frequent tokens (loss 2.8 -> 7.8), and
+    --init-drafter from an EAGLE-3 drafter of another vocabulary size failed after making the
+    data (its head, which build_drafter replaces anyway, did not fit)."""
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out, style="eagle3", draft_vocab_size=12,
+                           prompt_ids=IDS[:1], prompts=PROMPTS[:1]))
+    first = load_file(str(out / "model.safetensors"))["d2t"]
+    run_train_drafter(_job(tiny_model_dir, out, style="eagle3", draft_vocab_size=12,
+                           resume=True, train=TrainConfig(max_steps=3, batch_tokens=128)))
+    assert len(read_answers(out / "data" / "answers.jsonl")) == 3
+    resumed = load_file(str(out / "model.safetensors"))["d2t"]
+    assert torch.equal(resumed, first)
+    with pytest.raises(ValueError) as err:
+        run_train_drafter(_job(tiny_model_dir, out, style="eagle3", draft_vocab_size=20,
+                               resume=True, train=TrainConfig(max_steps=4, batch_tokens=128)))
+    assert str(err.value) == (f"--draft-vocab-size 20: {out / 'checkpoint.pt'} was trained over "
+                              "a draft vocabulary of 12 tokens, which --resume keeps")
+    tuned = tmp_path / "tuned"
+    run_train_drafter(_job(tiny_model_dir, tuned, style="eagle3", draft_vocab_size=30,
+                           init_drafter=out))
+    assert len(load_file(str(tuned / "model.safetensors"))["d2t"]) == 30
