@@ -32,8 +32,10 @@ from runtime.speculative.train_data import (
 from runtime.speculative.train_job import (
     TrainDrafterJob,
     build_drafter,
+    frequent_tokens,
     init_from_drafter,
     load_target,
+    resumed_vocab,
     run_train_drafter,
 )
 from runtime.speculative.training import TrainConfig
@@ -220,6 +222,12 @@ def test_an_eagle3_drafter_keeps_its_draft_vocabulary_on_resume_and_drops_it_to_
     assert len(read_answers(out / "data" / "answers.jsonl")) == 3
     resumed = load_file(str(out / "model.safetensors"))["d2t"]
     assert torch.equal(resumed, first)
+    # the loss's tokens are the head's, not the three answers' most frequent ones
+    kept = torch.arange(12) + first
+    assert not torch.equal(frequent_tokens(read_answers(out / "data" / "answers.jsonl"), 12), kept)
+    job = _job(tiny_model_dir, out, style="eagle3", resume=True)
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert torch.equal(resumed_vocab(state, job, out / "checkpoint.pt"), kept)
     with pytest.raises(ValueError) as err:
         run_train_drafter(_job(tiny_model_dir, out, style="eagle3", draft_vocab_size=20,
                                resume=True, train=TrainConfig(max_steps=4, batch_tokens=128)))
