@@ -103,6 +103,10 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     if drafter_files and not ckpt.exists():
         raise FileExistsError(f"{job.out_dir} holds a drafter ({', '.join(drafter_files)}) that "
                               "this job would replace; choose another --out, or remove them")
+    card = job.out_dir / "README.md"  # the model card this job writes
+    if card.is_file() and not card.read_text(errors="replace").startswith("# EAGLE drafter for "):
+        raise FileExistsError(f"{card} is not a drafter's model card, and this job would "
+                              "replace it; choose another --out, or remove it")
     if job.resume and ckpt.exists():
         check_resumable(ckpt, job)
     check_options(job, target_config)

@@ -416,3 +416,15 @@ def test_cli_refuses_ids_spelled_as_a_sampled_answers(tiny_model_dir: Path,
             "answer's id ('<prompt id>#s<n>'); ids must not end in '#s' and a number") in (
         " ".join(result.output.split()))
     assert not (tmp_path / "o").exists()
+
+
+def test_a_readme_of_the_users_own_in_out_is_not_replaced(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "README.md").write_text("# my project\n")
+    with pytest.raises(FileExistsError) as err:
+        run_train_drafter(_job(tiny_model_dir, out))
+    assert str(err.value) == (f"{out / 'README.md'} is not a drafter's model card, and this job "
+                              "would replace it; choose another --out, or remove it")
+    assert sorted(os.listdir(out)) == ["README.md"]
