@@ -53,7 +53,8 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="Use the first N prompts (default: all).")
 @click.option("--no-chat-template", "no_chat_template", is_flag=True,
               help="Tokenize prompts as raw text, not as a chat user message.")
-@click.option("--out", required=True, help="REPORT_DIR: bench.parquet, report.md and PNG plots.")
+@click.option("--out", required=True, callback=not_blank,
+              help="REPORT_DIR: bench.parquet, report.md and PNG plots.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an earlier bench's bench.parquet, report.md and plots in --out, "
                    "or any report.md there (without it such an --out is refused); they go "
@@ -183,8 +184,8 @@ def bench(**options: Any) -> None:
 
 
 @click.command()
-@click.argument("directory", metavar="OUTPUT_DIR")
-@click.option("--out", default=None,
+@click.argument("directory", metavar="OUTPUT_DIR", callback=not_blank)
+@click.option("--out", default=None, callback=not_blank,
               help="Where report.md and the PNG plots go (default: OUTPUT_DIR).")
 def report(directory: str, out: str | None) -> None:
     """Write report.md and PNG plots for a job's OUTPUT_DIR (from stats.parquet and

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.bench.config import BenchConfig, ReportConfig, scratch_contents, scratch_leftovers
 from pipeline.bench.metrics import BENCH_FILE
-from pipeline.config import JobError
+from pipeline.config import JobError, one_line
 from pipeline.manifest import JOB_REPORT_FILE, MANIFEST_FILE  # report.md, for bench's too
 from pipeline.stats import STATS_FILE
 
@@ -42,7 +42,15 @@ def report(config: ReportConfig) -> Path:
         if (Path(config.directory) / BENCH_FILE).is_file():
             from pipeline.bench.report import write_bench_report  # noqa: PLC0415
 
-            path = write_bench_report(config.directory, config.out_dir)
+            job = [n for n in (MANIFEST_FILE, STATS_FILE) if (Path(config.directory) / n).is_file()]
+            if job:
+                raise JobError(f"{config.directory} holds both a bench's {BENCH_FILE} and a job's "
+                               f"{job[0]}: move the bench's out to report on either")
+            try:
+                path = write_bench_report(config.directory, config.out_dir)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+                raise JobError(f"{Path(config.directory) / BENCH_FILE}: not a bench this version "
+                               f"can read ({type(exc).__name__}: {one_line(exc)})") from None
         else:
             from pipeline.bench.job_report import write_job_report  # noqa: PLC0415
 

@@ -13,16 +13,19 @@ The engines of one batch size are freed before the next.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -87,11 +90,45 @@ def run_bench(config: BenchConfig) -> Path:
     created = not out.exists()
     report_dir(out)
     try:
-        return _run_bench(config, out)
-    except BaseException:
+        with _locked(out):
+            return _run_bench(config, out)
+    except OSError as exc:  # a read-only or full --out; another file's error is not ours
+        if exc.filename is None or not os.path.abspath(exc.filename).startswith(
+                os.path.abspath(out)):
+            raise
+        raise JobError(f"--out {out}: cannot write {exc.filename} ({exc.strerror})") from None
+    finally:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
-        raise
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """One bench per --out at a time: a second one would remove the first one's scratch models
+    as a killed bench's, and write over its bench.parquet."""
+    lock_path = out / _LOCK_FILE
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JobError(f"--out {out}: another bench is writing there") from None
+        try:
+            yield
+        finally:
+            lock_path.unlink(missing_ok=True)
+
+
+_LOCK_FILE = ".eaglebatch-bench.lock"
+
+
+def _ignore_interrupts() -> None:
+    """After the interrupt that stops a bench: its rounds are being saved, and a second Ctrl-C
+    must not cut that short (the command exits right after)."""
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to do
+        pass
 
 
 def _run_bench(config: BenchConfig, out: Path) -> Path:
@@ -161,6 +198,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
                 _bench_batch_size(config, models, workload, base, batch_size, baseline,
                                   bandwidth, meta, records, save)
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the command turns it
+                _ignore_interrupts()
                 meta["interrupted"] = batch_size
             _free_engines()
             if records:

@@ -228,3 +228,56 @@ def test_bench_and_job_directories_do_not_take_each_others_reports(
         2, f"error: OUTPUT_DIR {benched} holds a bench's bench.parquet: the job's report would "
            "replace the bench's report.md; choose another OUTPUT_DIR\n")
     assert sorted((p.name, p.stat().st_mtime_ns) for p in benched.iterdir()) == before
+
+
+def test_a_hand_edited_bench_file_or_one_beside_a_job_is_a_one_line_error(
+        bench_dir: Path, tmp_path: Path) -> None:
+    """Found by QA: metadata that is not an object, a null k or an unknown variant gave
+    tracebacks; a bench.parquet in a job's directory replaced the job's report.md."""
+    from pipeline.bench.runner import write_bench_parquet
+
+    rows, meta = read_bench_parquet(bench_dir / "bench.parquet")
+    for name, (edited_rows, edited_meta) in {
+            "list-meta": (rows, ["not", "an", "object"]),
+            "null-k": ([{**r, "k": None} for r in rows], meta),
+            "variant": ([{**r, "variant": "mystery"} for r in rows], meta)}.items():
+        edited = tmp_path / name
+        edited.mkdir()
+        write_bench_parquet(edited / "bench.parquet", edited_rows, edited_meta)  # type: ignore[arg-type]
+        code, _, stderr = _report(str(edited))
+        assert code == 2, (name, stderr)
+        assert stderr.startswith(f"error: {edited / 'bench.parquet'}: not a bench this version "
+                                 "can read ("), (name, stderr)
+        assert len(stderr.splitlines()) == 1
+    job = tmp_path / "job"
+    job.mkdir()
+    write_stats(str(job), {0: Counts(rows=1)})
+    shutil.copy(bench_dir / "bench.parquet", job)
+    code, _, stderr = _report(str(job))
+    assert (code, stderr) == (2, f"error: {job} holds both a bench's bench.parquet and a job's "
+                                 "stats.parquet: move the bench's out to report on either\n")
+
+
+def test_a_blank_out_and_a_second_bench_into_the_same_out_are_refused(
+        tiny_model_dir: Path, prompts_file: Path, tmp_path: Path,
+        monkeypatch: Any) -> None:
+    import fcntl
+
+    monkeypatch.chdir(tmp_path)
+    for args in (["--out", " "], ["--out", ""]):
+        result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                               "--k", "0", *args)
+        assert result.exit_code == 2
+        assert "Invalid value for '--out'" in result.output
+    result = CliRunner().invoke(main, ["report", str(tmp_path), "--out", ""])
+    assert result.exit_code == 2 and "Invalid value for '--out'" in result.output
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "busy"
+    out.mkdir()
+    with open(out / ".eaglebatch-bench.lock", "a") as held:  # a bench running there
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = run_bench_cli("--model", str(tiny_model_dir), "--prompts", str(prompts_file),
+                               "--out", str(out), "--k", "0")
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: --out {out}: another bench is writing there\n")
+    assert sorted(p.name for p in out.iterdir()) == [".eaglebatch-bench.lock"]
