@@ -261,6 +261,11 @@ def train_drafter(model: str, prompts_path: Path, prompt_column: str,
     except (ValueError, FileNotFoundError, FileExistsError) as exc:  # the inputs, not the code
         click.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(2)
+    except OSError as exc:  # a file of --out that cannot be written or read (a full disk, a
+        if exc.filename is None:  # directory where a file goes): named; any other is a bug
+            raise
+        click.echo(f"error: {exc.filename}: {exc.strerror}", err=True)
+        sys.exit(2)
     except TrainingInterrupted as stop:
         click.echo(f"\n{stop}; its checkpoint is saved in {out_dir / 'checkpoint.pt'}: rerun the "
                    "same command with --resume to continue", err=True)

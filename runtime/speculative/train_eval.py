@@ -99,7 +99,7 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
   from one teacher-forced pass of the target ({job.feature_dtype or job.data_dtype}) over
   prompt + answer
 - Initialisation: {init_line(job)}
-- Training: {steps} steps ({train_s / 60:.1f} min of training in all runs), AdamW lr
+- Training: {plural(steps, "step")} ({train_s / 60:.1f} min of training in all runs), AdamW lr
   {job.train.lr}, warm-up {job.train.warmup_steps} steps then cosine,
   {job.train.batch_tokens} padded tokens per batch, grad clip {job.train.grad_clip},
   {token_loss}step decay {job.train.step_decay}

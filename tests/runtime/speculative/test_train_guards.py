@@ -428,3 +428,16 @@ def test_a_readme_of_the_users_own_in_out_is_not_replaced(tiny_model_dir: Path,
     assert str(err.value) == (f"{out / 'README.md'} is not a drafter's model card, and this job "
                               "would replace it; choose another --out, or remove it")
     assert sorted(os.listdir(out)) == ["README.md"]
+
+
+def test_cli_names_a_file_of_out_it_cannot_write(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A directory where answers.jsonl goes (or a full disk) gave a traceback."""
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt": list(PROMPTS)}), prompts)
+    out = tmp_path / "d"
+    (out / "data" / "answers.jsonl").mkdir(parents=True)
+    result = CliRunner().invoke(main, ["train-drafter", "--model", str(tiny_model_dir),
+                                       "--prompts", str(prompts), "--out", str(out),
+                                       "--max-steps", "1", "--max-answer-tokens", "4"])
+    assert result.exit_code == 2
+    assert result.stderr.endswith(f"\nerror: {out / 'data' / 'answers.jsonl'}: Is a directory\n")
