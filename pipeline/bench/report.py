@@ -293,7 +293,9 @@ def equality_section(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                    "(more k values, batch sizes or repeats give the check its runs).")
     elif not bad:
         verdict = (f"**PASS**: all {len(engine_rows)} engine runs produced exactly the same "
-                   f"tokens as {reference} for all {first['outputs_compared']} requests.")
+                   f"tokens as {reference} for "
+                   + ("its one request." if first["outputs_compared"] == 1 else
+                      f"all {first['outputs_compared']} requests."))
     else:
         verdict = (f"**FAIL**: {len(bad)} of {len(engine_rows)} engine runs differ from "
                    f"{reference}:\n\n" + md.table(
