@@ -74,10 +74,13 @@ def write_model_card(job: TrainDrafterJob, num_sequences: int, num_answer_tokens
                      steps: int, wall_s: float, log: list[dict[str, float]],
                      result: EvalResult | None, train_s: float = 0.0, kept: int = 0,
                      draft_vocab: int | None = None,
-                     earlier_runs: Sequence[dict[str, Any]] = ()) -> Path:
+                     earlier_runs: Sequence[dict[str, Any]] = (), added: int | None = None
+                     ) -> Path:
     """kept: answers in the data directory that this job's plan does not name (made by an
     earlier run with other samples, and trained on too), described by `earlier_runs` (the runs
-    data/source.json recorded before this one)."""
+    data/source.json recorded before this one). added: the answers this run made (None: not
+    said); where it made none, the answers are described by the runs that made them, not by
+    this run's answer options."""
     last = log[-20:]
     acc = {key: sum(r[key] for r in last) / len(last)
            for key in (last[0] if last else {}) if key.startswith("acc")}
@@ -94,8 +97,8 @@ Made by `eaglebatch train-drafter`. Load it with `eaglebatch generate --drafter 
 - Style: {job.style}, {plural(job.num_layers, "decoder layer")}, trained with k =
   {job.train.num_steps} unrolled draft steps; weights stored as {job.save_dtype}
 - Data: {num_sequences} answers ({num_answer_tokens} tokens) that the target generated itself with
-  our engine (chat template, at most {job.max_answer_tokens} tokens, target in {job.data_dtype}) for
-  the prompts in `{job.prompts_source}`: {answers_line(job, kept, earlier_runs)}; features
+  our engine ({made_line(job, added, earlier_runs)}) for
+  the prompts in `{job.prompts_source}`: {answers_line(job, kept, earlier_runs, added)}; features
   from one teacher-forced pass of the target ({job.feature_dtype or job.data_dtype}) over
   prompt + answer
 - Initialisation: {init_line(job)}
@@ -126,11 +129,27 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def made_line(job: TrainDrafterJob, added: int | None,
+              earlier_runs: Sequence[dict[str, Any]]) -> str:
+    """How the answers were made: with this run's options, or, where it made none (a rerun that
+    reused them all), with those of the runs that did (data/source.json)."""
+    made = sorted({(r.get("max_answer_tokens"), r.get("data_dtype")) for r in earlier_runs
+                   if r.get("max_answer_tokens")}, key=str)
+    if added == 0 and made:
+        return "chat template; made by earlier runs of the job, " + " / ".join(
+            f"at most {m} tokens, target in {d}" for m, d in made)
+    return f"chat template, at most {job.max_answer_tokens} tokens, target in {job.data_dtype}"
+
+
 def answers_line(job: TrainDrafterJob, kept: int = 0,
-                 earlier_runs: Sequence[dict[str, Any]] = ()) -> str:
+                 earlier_runs: Sequence[dict[str, Any]] = (), added: int | None = None) -> str:
     line = "its greedy answer to each"
     if job.answer_samples:
-        line += f" and {job.answer_samples} sampled at temperature {job.answer_temperature}"
+        temperatures = sorted({r["answer_temperature"] for r in earlier_runs
+                               if r.get("answer_temperature") is not None})
+        at = (" / ".join(map(str, temperatures)) if added == 0 and temperatures
+              else job.answer_temperature)  # (reused answers: their runs' temperatures)
+        line += f" and {job.answer_samples} sampled at temperature {at}"
         last = job.first_sample + job.answer_samples - 1
         if job.first_sample != 1:  # numbered only where they do not start at #1
             line += (f" (sample #{last})" if job.answer_samples == 1

@@ -179,7 +179,7 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     write_model_card(job, len(rows), sum(len(r["answer_ids"]) for r in rows), trainer.step,
                      time.time() - started, log, result, trainer.elapsed_s,
                      kept=sum(r["id"] not in planned for r in rows), draft_vocab=len(vocab),
-                     earlier_runs=earlier_runs)
+                     earlier_runs=earlier_runs, added=added)
     write_train_log(job.out_dir, log)
     return result
 

@@ -441,3 +441,21 @@ def test_cli_names_a_file_of_out_it_cannot_write(tiny_model_dir: Path, tmp_path:
                                        "--max-steps", "1", "--max-answer-tokens", "4"])
     assert result.exit_code == 2
     assert result.stderr.endswith(f"\nerror: {out / 'data' / 'answers.jsonl'}: Is a directory\n")
+
+
+def test_the_model_card_of_a_rerun_that_reused_every_answer_says_how_they_were_made(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Found by QA: it described this run's answer options, which made none of them."""
+    out = tmp_path / "d"
+    run_train_drafter(_job(tiny_model_dir, out, answer_samples=1, answer_temperature=0.7))
+    card = " ".join((out / "README.md").read_text().split())
+    assert ("our engine (chat template, at most 8 tokens, target in float32) for the prompts"
+            in card)
+    assert "its greedy answer to each and 1 sampled at temperature 0.7;" in card
+    run_train_drafter(_job(tiny_model_dir, out, answer_samples=1, answer_temperature=2.0,
+                           max_answer_tokens=64, resume=True,
+                           train=TrainConfig(max_steps=3, batch_tokens=128)))
+    card = " ".join((out / "README.md").read_text().split())
+    assert ("our engine (chat template; made by earlier runs of the job, at most 8 tokens, "
+            "target in float32) for the prompts") in card
+    assert "its greedy answer to each and 1 sampled at temperature 0.7;" in card
