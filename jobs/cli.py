@@ -10,13 +10,15 @@ from typing import Any
 
 import click
 
-from jobs.options import memory_size, not_blank
+from jobs.options import memory_size, not_blank, not_nan
 from pipeline.config import JobConfig, JobError, RayConfig
 from runtime.config import (
     CLI_DRAFT_CONFIDENCE,
     CLI_DRAFT_MAX_BATCH,
     CLI_DRAFT_NGRAM_TOKENS,
     DEFAULT_MODEL,
+    MAX_DRAFT_TOKENS,
+    MAX_TOP_K,
     EngineConfig,
 )
 from runtime.loader import default_drafter
@@ -57,12 +59,12 @@ def main() -> None:
                    "'none' to decode without one; 'auto' uses the model's default drafter when "
                    "one ships (the built-in model's), else none.")
 @click.option("--num-speculative-tokens", "--k", "num_speculative_tokens", default=2,
-              show_default=True, type=click.IntRange(1),
+              show_default=True, type=click.IntRange(1, MAX_DRAFT_TOKENS),
               help="Draft tokens proposed per step when a drafter is used, k (2 measured best "
                    "for the shipped drafter on CPU; see its model card). --k is the same "
                    "option, by the name `eaglebatch bench` gives it.")
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
-              type=click.FloatRange(0, 1, max_open=True),
+              type=click.FloatRange(0, 1, max_open=True), callback=not_nan,
               help="Cut a request's drafts where the drafter's probability of the drafts so far "
                    "falls below this, so less is spent verifying likely rejects, and stop "
                    "drafting once every request's has; 0 always drafts --num-speculative-tokens. "
@@ -112,7 +114,7 @@ def main() -> None:
                    "measured on a GPU, hence off.")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="Input column holding the prompt text (string).")
-@click.option("--id-column", default="id", show_default=True,
+@click.option("--id-column", default="id", show_default=True, callback=not_blank,
               help="Input column of unique row ids (string or integer). If the input has no such "
                    "column, ids '<file stem>:<row index>' are made and written to it (for files "
                    "in Hive partition folders, '<path under INPUT without .parquet>:<row "
@@ -137,7 +139,7 @@ def main() -> None:
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="Nucleus sampling: keep the smallest set of tokens whose probability reaches "
                    "this (1 = off). A top_p column overrides it.")
-@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0),
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0, MAX_TOP_K),
               help="Sample among the k most likely tokens only (0 = off). A top_k column "
                    "overrides it.")
 @click.option("--seed", default=None, type=int,
@@ -148,7 +150,7 @@ def main() -> None:
 @click.option("--stop", multiple=True, callback=lambda ctx, param, value: _stop_strings(value),
               help="Stop generating when this string appears (may be given several times); the "
                    "completion is cut before it. A stop column (list<string>) overrides it.")
-@click.option("--n", "n", default=1, show_default=True, type=click.IntRange(1),
+@click.option("--n", "n", default=1, show_default=True, type=click.IntRange(1, 65536),
               help="Samples per prompt, written as n rows with a sample_index column; each gets "
                    "a seed derived from the seed, the row id and the sample index.")
 @click.option("--shard-rows", default=10_000, show_default=True, type=click.IntRange(1),
@@ -179,7 +181,7 @@ def main() -> None:
               type=click.IntRange(1), help="Most requests running at once.")
 @click.option("--block-size", default=EngineConfig.block_size, show_default=True,
               type=click.IntRange(1), help="Tokens per KV cache block.")
-@click.option("--threads", default=None, type=click.IntRange(1),
+@click.option("--threads", default=None, type=click.IntRange(1, 1024),
               help="torch CPU threads (default: torch's choice). On a busy machine fewer "
                    "threads than cores is often much faster.")
 @click.option("--overwrite", is_flag=True,

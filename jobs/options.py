@@ -23,3 +23,10 @@ def not_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     if value is not None and not value.strip():
         raise click.BadParameter(f"{value!r} is blank: give a name or a path")
     return value
+
+
+def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """NaN passes Click's FloatRange (every comparison with it is false): refused here."""
+    if value is not None and value != value:
+        raise click.BadParameter("nan is not a number")
+    return value

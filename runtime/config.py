@@ -37,6 +37,10 @@ class PlacementError(ValueError):
 GREEDY_BELOW = 1e-5
 
 
+MAX_TOP_K = 2**31 - 1  # (a top-k at or above the vocabulary's size is no cut at all)
+MAX_DRAFT_TOKENS = 32  # k: a verification of more rows costs more than drafts save anywhere
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is sampled. temperature 0 (or below GREEDY_BELOW) means greedy; top_k == 0
@@ -57,8 +61,9 @@ class SamplingParams:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be in [0, {MAX_TOP_K}], got {self.top_k} (one at or "
+                             "above the vocabulary's size samples from all of it)")
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")

@@ -45,3 +45,27 @@ def test_a_blank_model_or_drafter_is_refused_as_such(
     assert result.exit_code == 2
     assert f"Invalid value for '{option}': ' ' is blank: give a name or a path" in result.output
     assert sorted(os.listdir(tmp_path)) == ["examples"]  # nothing written
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "1", "--top-k", "99999999999999999999"],
+     "Invalid value for '--top-k': 99999999999999999999 is not in the range 0<=x<=2147483647."),
+    (["--draft-confidence", "nan"], "Invalid value for '--draft-confidence': nan is not a number"),
+    (["--k", "99999"], "Invalid value for '--num-speculative-tokens' / '--k': 99999 is not in the "
+                       "range 1<=x<=32."),
+    (["--n", "99999999999999"], "Invalid value for '--n': 99999999999999 is not in the range "
+                                "1<=x<=65536."),
+    (["--threads", "99999"], "Invalid value for '--threads': 99999 is not in the range "
+                             "1<=x<=1024."),
+    (["--id-column", ""], "Invalid value for '--id-column': '' is blank: give a name or a path"),
+])
+def test_values_that_crashed_the_job_are_refused_as_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str) -> None:
+    """Found by QA: a huge --top-k, --k, --n or --threads gave an overflow, a 256 GB allocation,
+    a MemoryError or a segfault; NaN passed --draft-confidence's range."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(EXAMPLES / "prompts.parquet", tmp_path)
+    result = CliRunner().invoke(cli.main, ["generate", "prompts.parquet", "out", *args])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert sorted(os.listdir(tmp_path)) == ["prompts.parquet"]
