@@ -151,8 +151,8 @@ def _folders_left_out(found: list[str], files: list[str], spelled: set[str],
 def _holds_data(folder: str) -> bool:
     """Whether a file that is not hidden ('_x', '.x' anywhere below `folder`) lies under it."""
     for _, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        if any(not n.startswith((".", "_")) for n in names):
+        dirs[:] = [d for d in dirs if not _hidden(d)]
+        if any(not _hidden(n) for n in names):
             return True
     return False
 
@@ -206,13 +206,18 @@ def _spelled(spec: str) -> set[str]:
     return {part for part in spec.split(os.sep) if not glob.has_magic(part)}
 
 
+def _hidden(name: str) -> bool:
+    """A name such as Spark's `_temporary`, `_SUCCESS` or a `.crc` file: not data."""
+    return name.startswith((".", "_"))
+
+
 def _hidden_by_wildcard(path: str, spelled: set[str]) -> bool:
     """Whether a wildcard of a glob matched a hidden name on `path`: a file or folder left out
     of a directory INPUT (see _directory_files), such as the attempt files under a Spark job's
     `_temporary/` folder that 'data/**/*.parquet' matches. A name the glob spells out (in
     `spelled`: 'data/_staging/*.parquet') is meant."""
     *folders, name = path.split(os.sep)
-    return ((name.startswith((".", "_")) and name not in spelled)
+    return ((_hidden(name) and name not in spelled)
             or any(not _is_data_folder(f) and f not in spelled for f in folders
                    if f not in ("", ".", "..")))
 
@@ -347,7 +352,7 @@ def _not_hive(nested: list[str], parsed: list[list[tuple[str, str | None]] | Non
 
 def _is_parquet_name(name: str) -> bool:
     """A .parquet file (any case of the suffix) that is not hidden (`_SUCCESS`, `.crc`, ...)."""
-    return name.lower().endswith(".parquet") and not name.startswith((".", "_"))
+    return name.lower().endswith(".parquet") and not _hidden(name)
 
 
 def _is_data_folder(name: str) -> bool:
