@@ -95,6 +95,12 @@ class JobConfig:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
                               top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop)
 
+    def placement_options(self) -> dict[str, str]:
+        """Where the engine runs, as given: the attention backends sum in other orders and a GPU
+        runs bfloat16, so greedy tokens may differ (pipeline.manifest.check_placement)."""
+        return {"dtype": self.engine.dtype, "device": self.engine.device,
+                "attention_backend": self.engine.attention_backend}
+
     def fingerprint(self) -> dict[str, Any]:
         """Everything that changes the outputs. A rerun whose fingerprint differs from the one in
         manifest.json is refused (unless --overwrite). Batch sizes and cache memory are left out:
@@ -112,10 +118,7 @@ class JobConfig:
             "draft_confidence": self.engine.draft_confidence,
             "draft_int8": self.engine.draft_int8,
             "draft_ngram": self.engine.draft_ngram,
-            "dtype": self.engine.dtype,
-            # the attention backends sum in other orders: greedy tokens may differ
-            "device": self.engine.device,
-            "attention_backend": self.engine.attention_backend,
+            **self.placement_options(),
             "max_model_len": self.engine.max_model_len,
             "sampling": {"max_tokens": self.max_tokens, "temperature": self.temperature,
                          "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,

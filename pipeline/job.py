@@ -178,9 +178,8 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
     if not config.overwrite and manifest.complete and not unusable:
         runner = _nothing_to_run  # a rerun of a finished job: no model to load, no cluster
     else:  # it generates: where it runs is where the job ran (a new job's manifest: trivially)
-        here = {"device": config.engine.device, "dtype": config.engine.dtype,
-                "attention_backend": config.engine.attention_backend, **_placement(config)}
-        check_placement(manifest, here, config.output_dir)
+        check_placement(manifest, config.placement_options() | _placement(config),
+                        config.output_dir)
     with runner(config, plan, engine_factory) as run_shards:
         resumed = _prepare_output_dir(config, manifest, unusable)
         seconds_before = total(manifest.shards.values()).wall_seconds
