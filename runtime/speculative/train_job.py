@@ -142,7 +142,7 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
                                       progress=bar)
     target = load_target(model_dir, target_config)
     resumed = torch.load(ckpt, weights_only=False) if job.resume and ckpt.exists() else None
-    vocab = resumed_vocab(resumed, job, ckpt)
+    vocab = resumed_vocab(resumed, job)
     if vocab is None:
         vocab = frequent_tokens(rows, job.draft_vocab_size or min(8192, target_config.vocab_size))
     drafter = build_drafter(target, job, vocab)
@@ -184,18 +184,16 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     return result
 
 
-def resumed_vocab(resumed: dict[str, Any] | None, job: TrainDrafterJob, ckpt: Path
+def resumed_vocab(resumed: dict[str, Any] | None, job: TrainDrafterJob
                   ) -> torch.Tensor | None:
     """An EAGLE-3 drafter's draft vocabulary on --resume: the one its checkpoint's head was
     trained over (its d2t), not the most frequent tokens of the answers now, which more data
-    changes (a loss over other tokens than its head's trained it to nonsense)."""
+    changes (a loss over other tokens than its head's trained it to nonsense; another
+    --draft-vocab-size is refused before any work, by check_resumable)."""
     state = (resumed or {}).get("drafter", {})
     if job.style != "eagle3" or "d2t" not in state:
         return None
     d2t = state["d2t"]
-    if job.draft_vocab_size is not None and job.draft_vocab_size != len(d2t):
-        raise ValueError(f"--draft-vocab-size {job.draft_vocab_size}: {ckpt} was trained over a "
-                         f"draft vocabulary of {len(d2t)} tokens, which --resume keeps")
     return torch.arange(len(d2t)) + d2t
 
 
@@ -257,6 +255,11 @@ def check_resumable(ckpt: Path, job: TrainDrafterJob) -> None:
     if (layers, style) != (job.num_layers, job.style):
         raise ValueError(f"--resume: {ckpt} holds a {layers}-layer {style} drafter, but the "
                          f"options ask for --layers {job.num_layers} --style {job.style}")
+    d2t = state.get("d2t")
+    if (style == "eagle3" and d2t is not None and job.draft_vocab_size is not None
+            and job.draft_vocab_size != len(d2t)):  # (resumed_vocab keeps the checkpoint's)
+        raise ValueError(f"--draft-vocab-size {job.draft_vocab_size}: {ckpt} was trained over a "
+                         f"draft vocabulary of {len(d2t)} tokens, which --resume keeps")
 
 
 def load_target(model_dir: Path, config: Any) -> CausalLM:
