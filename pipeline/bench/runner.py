@@ -93,8 +93,8 @@ def run_bench(config: BenchConfig) -> Path:
         with _locked(out):
             return _run_bench(config, out)
     except OSError as exc:  # a read-only or full --out; another file's error is not ours
-        if exc.filename is None or not os.path.abspath(exc.filename).startswith(
-                os.path.abspath(out)):
+        if exc.filename is None or not Path(os.path.abspath(exc.filename)).is_relative_to(
+                os.path.abspath(out)):  # (a sibling 'out2' is not under 'out')
             raise
         raise JobError(f"--out {out}: cannot write {exc.filename} ({exc.strerror})") from None
     finally:
