@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from jobs.options import memory_size, not_blank
+from jobs.options import finite, memory_size, not_blank
 from pipeline.bench.config import BASELINES, BenchConfig, ReportConfig, parse_int_list
 from pipeline.bench.presets import preset_names
 from pipeline.config import JobError
@@ -66,7 +66,7 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               help="Comma-separated draft tokens per step; 0 is the engine without drafter, "
                    "which always runs (every ratio is taken against it): --k 2,3 runs 0,2,3.")
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
-              type=click.FloatRange(0, 1, max_open=True),
+              type=click.FloatRange(0, 1, max_open=True), callback=finite,
               help="As in `generate`: drafts are cut, and drafting stops, where the drafter's "
                    "probability of the drafts so far falls below this (a greedy request alone "
                    "still verifies the draft that fell below); 0 always drafts k.")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from jobs.options import memory_size, not_blank, not_nan
+from jobs.options import finite, memory_size, not_blank
 from pipeline.config import JobConfig, JobError, RayConfig
 from runtime.config import (
     CLI_DRAFT_CONFIDENCE,
@@ -64,7 +64,7 @@ def main() -> None:
                    "for the shipped drafter on CPU; see its model card). --k is the same "
                    "option, by the name `eaglebatch bench` gives it.")
 @click.option("--draft-confidence", default=CLI_DRAFT_CONFIDENCE, show_default=True,
-              type=click.FloatRange(0, 1, max_open=True), callback=not_nan,
+              type=click.FloatRange(0, 1, max_open=True), callback=finite,
               help="Cut a request's drafts where the drafter's probability of the drafts so far "
                    "falls below this, so less is spent verifying likely rejects, and stop "
                    "drafting once every request's has; 0 always drafts --num-speculative-tokens. "
@@ -134,9 +134,11 @@ def main() -> None:
               help="Most tokens generated per row (lowered per row to fit the model's context; "
                    "an input column max_tokens overrides it per row).")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
+              callback=finite,
               help="Sampling temperature; 0 (or anything below 1e-5) means greedy. A "
                    "temperature column overrides it.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              callback=finite,
               help="Nucleus sampling: keep the smallest set of tokens whose probability reaches "
                    "this (1 = off). A top_p column overrides it.")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0, MAX_TOP_K),
@@ -198,7 +200,7 @@ def main() -> None:
               help="Ray cluster to join: HOST:PORT, or 'auto' for the one in RAY_ADDRESS or "
                    "started by `ray start` on this machine [default: start a local Ray instance "
                    "sized to this machine, stopped when the job ends].")
-@click.option("--gpus-per-worker", default=None, type=click.FloatRange(0),
+@click.option("--gpus-per-worker", default=None, type=click.FloatRange(0), callback=finite,
               help="GPUs each Ray worker reserves, e.g. 1 or 0.5 [default: 1 when the cluster "
                    "has GPUs and --device is not cpu, else 0: CPU workers, which split the "
                    "cluster's CPUs between them, at least one each].")

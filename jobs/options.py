@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from runtime.config import parse_memory_size
@@ -25,8 +27,9 @@ def not_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return value
 
 
-def not_nan(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """NaN passes Click's FloatRange (every comparison with it is false): refused here."""
-    if value is not None and value != value:
-        raise click.BadParameter("nan is not a number")
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """NaN passes Click's FloatRange (every comparison with it is false), and inf passes a range
+    open above: both are refused here."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number")
     return value

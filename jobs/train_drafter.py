@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from jobs.options import not_blank
+from jobs.options import finite, not_blank
 from pipeline.config import one_line
 from pipeline.schema import is_messages_type, is_string, python_values
 from pipeline.stages.tokenize import clean_messages, messages_problem
@@ -178,7 +178,7 @@ _SAMPLE_ID = re.compile(r"#s[0-9]+$")
                    "#F..#F+N-1 are drawn (each seeded by prompt id and number), so a later round "
                    "of data (e.g. with --init-drafter) gets texts an earlier round did not.")
 @click.option("--answer-temperature", default=0.7, show_default=True,
-              type=click.FloatRange(0, min_open=True),
+              type=click.FloatRange(0, min_open=True), callback=finite,
               help="Temperature of the sampled answers.")
 @click.option("--data-dtype", default="bfloat16", show_default=True,
               type=click.Choice(["float32", "bfloat16"]),
@@ -192,13 +192,14 @@ _SAMPLE_ID = re.compile(r"#s[0-9]+$")
               "count) instead of the target's last layers: fine-tuning, e.g. on more data. The "
               "optimizer and schedule start afresh.")
 @click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(0, min_open=True),
+              callback=finite,
               help="Peak AdamW learning rate (cosine decay to 5% after the warm-up).")
 @click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(0),
               help="Steps of linear learning-rate warm-up.")
 @click.option("--batch-tokens", default=4096, show_default=True, type=click.IntRange(64),
               help="Padded tokens per training batch (answers of similar length together).")
 @click.option("--token-loss-weight", default=0.1, show_default=True,
-              type=click.FloatRange(0, min_open=True),
+              type=click.FloatRange(0, min_open=True), callback=finite,
               help="EAGLE-1: weight of the token cross-entropy next to the feature regression "
                    "(EAGLE-1 uses 0.1; larger values favour acceptance over feature fit).")
 @click.option("--bf16-autocast/--no-bf16-autocast", default=False, show_default=True,

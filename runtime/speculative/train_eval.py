@@ -125,6 +125,20 @@ def write_train_log(out_dir: Path, log: list[dict[str, float]]) -> None:
     (out_dir / "train_log.json").write_text(json.dumps(_thin(log)) + "\n")
 
 
+def read_train_log(path: Path) -> list[dict[str, float]]:
+    """An earlier run's train_log.json, which a resumed run extends; ValueError naming the file
+    where it is not a list of steps (JSON objects)."""
+    try:
+        log = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--resume: {path} is not this training's log ({exc}); "
+                         "remove it to start a new one") from None
+    if not isinstance(log, list) or not all(isinstance(step, dict) for step in log):
+        raise ValueError(f"--resume: {path} is not this training's log (not a list of steps); "
+                         "remove it to start a new one")
+    return log
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 

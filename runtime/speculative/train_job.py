@@ -56,6 +56,7 @@ from runtime.speculative.train_data import (
 from runtime.speculative.train_eval import (
     EvalResult,
     evaluate,
+    read_train_log,
     write_model_card,
     write_train_log,
 )
@@ -107,6 +108,11 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
     if card.is_file() and not card.read_text(errors="replace").startswith("# EAGLE drafter for "):
         raise FileExistsError(f"{card} is not a drafter's model card, and this job would "
                               "replace it; choose another --out, or remove it")
+    log_file = job.out_dir / "train_log.json"
+    if log_file.exists() and not ckpt.exists():  # this job writes one only with a checkpoint
+        raise FileExistsError(f"{log_file} is not this training's log, and this job would "
+                              "replace it; choose another --out, or remove it")
+    earlier_log = read_train_log(log_file) if job.resume and ckpt.exists() else []
     if job.resume and ckpt.exists():
         check_resumable(ckpt, job)
     check_options(job, target_config)
@@ -154,8 +160,7 @@ def run_train_drafter(job: TrainDrafterJob) -> EvalResult | None:
         except (RuntimeError, ValueError, KeyError) as exc:  # another drafter's checkpoint
             raise ValueError(f"--resume: {ckpt} does not fit the drafter these options "
                              f"describe ({' '.join(str(exc).split())[:300]})") from None
-    earlier = job.out_dir / "train_log.json"
-    log = json.loads(earlier.read_text()) if job.resume and earlier.exists() else []
+    log = earlier_log
     try:
         log += train_loop(trainer, shards, ckpt)
     except TrainingInterrupted as stop:

@@ -50,7 +50,13 @@ def test_a_blank_model_or_drafter_is_refused_as_such(
 @pytest.mark.parametrize("args, message", [
     (["--temperature", "1", "--top-k", "99999999999999999999"],
      "Invalid value for '--top-k': 99999999999999999999 is not in the range 0<=x<=2147483647."),
-    (["--draft-confidence", "nan"], "Invalid value for '--draft-confidence': nan is not a number"),
+    (["--draft-confidence", "nan"], "Invalid value for '--draft-confidence': nan is not a finite "
+                                    "number"),
+    (["--temperature", "nan"], "Invalid value for '--temperature': nan is not a finite number"),
+    (["--temperature", "inf"], "Invalid value for '--temperature': inf is not a finite number"),
+    (["--top-p", "nan"], "Invalid value for '--top-p': nan is not a finite number"),
+    (["--runner", "ray", "--gpus-per-worker", "nan"],
+     "Invalid value for '--gpus-per-worker': nan is not a finite number"),
     (["--k", "99999"], "Invalid value for '--num-speculative-tokens' / '--k': 99999 is not in the "
                        "range 1<=x<=32."),
     (["--n", "99999999999999"], "Invalid value for '--n': 99999999999999 is not in the range "
@@ -62,10 +68,36 @@ def test_a_blank_model_or_drafter_is_refused_as_such(
 def test_values_that_crashed_the_job_are_refused_as_options(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str) -> None:
     """Found by QA: a huge --top-k, --k, --n or --threads gave an overflow, a 256 GB allocation,
-    a MemoryError or a segfault; NaN passed --draft-confidence's range."""
+    a MemoryError or a segfault; NaN passed --draft-confidence's range, and NaN or inf
+    --temperature was refused only later, by the field's name (a NaN --gpus-per-worker gave a
+    traceback)."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(EXAMPLES / "prompts.parquet", tmp_path)
     result = CliRunner().invoke(cli.main, ["generate", "prompts.parquet", "out", *args])
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert sorted(os.listdir(tmp_path)) == ["prompts.parquet"]
+
+
+@pytest.mark.parametrize("command, option", [
+    (["bench", "--prompts", "examples/prompts.parquet", "--out", "report"], "--draft-confidence"),
+    (["train-drafter", "--prompts", "examples/prompts.parquet", "--out", "data"],
+     "--answer-temperature"),
+    (["train-drafter", "--prompts", "examples/prompts.parquet", "--out", "data"], "--lr"),
+    (["train-drafter", "--prompts", "examples/prompts.parquet", "--out", "data"],
+     "--token-loss-weight"),
+])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_float_option_that_is_not_finite_is_refused_as_such(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], option: str,
+        value: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").mkdir()
+    shutil.copy(EXAMPLES / "prompts.parquet", tmp_path / "examples")
+    result = CliRunner().invoke(cli.main, [*command, option, value])
+    assert result.exit_code == 2
+    if value == "inf" and option == "--draft-confidence":  # above the range's 1 anyway
+        assert f"Invalid value for '{option}': inf is not in the range 0<=x<1." in result.output
+    else:
+        assert f"Invalid value for '{option}': {value} is not a finite number" in result.output
+    assert sorted(os.listdir(tmp_path)) == ["examples"]  # nothing written

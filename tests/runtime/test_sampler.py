@@ -118,3 +118,11 @@ def test_position_uniforms_are_keyed_by_seed_and_token_index() -> None:
     many = position_uniforms(list(range(200)), [0] * 200, 50, "cpu").flatten()
     assert abs(many.mean().item() - 0.5) < 0.01
     assert abs((many < 0.1).double().mean().item() - 0.1) < 0.01
+
+
+def test_a_seed_is_a_64_bit_pattern() -> None:
+    """As the README says: a seed is taken modulo 2^64 (a uint64 column's 2^64 - 1 is an int64
+    column's -1), and seeds apart by less than that draw apart."""
+    u = position_uniforms([-1, 2**64 - 1, 2**64 + 5, 5, 6], [0] * 5, 3, "cpu")
+    assert torch.equal(u[0], u[1]) and torch.equal(u[2], u[3])
+    assert not torch.equal(u[3], u[4]) and not torch.equal(u[0], u[3])

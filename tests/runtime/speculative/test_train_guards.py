@@ -70,21 +70,6 @@ def test_data_of_another_target_or_other_features_is_refused_before_any_work(
     assert (moved / "data" / "answers.jsonl").read_text() == answers
 
 
-def test_an_out_holding_a_drafter_without_checkpoint_is_not_overwritten(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
-    first = tmp_path / "first"
-    run_train_drafter(_job(tiny_model_dir, first))
-    (first / "checkpoint.pt").unlink()  # a drafter as shipped: no training state beside it
-    before = (first / "model.safetensors").read_bytes()
-    for job in (_job(tiny_model_dir, first), _job(tiny_model_dir, first, init_drafter=first)):
-        with pytest.raises(FileExistsError) as err:
-            run_train_drafter(job)
-        assert str(err.value) == (f"{first} holds a drafter (config.json, model.safetensors) "
-                                  "that this job would replace; choose another --out, or remove "
-                                  "them")
-    assert (first / "model.safetensors").read_bytes() == before
-
-
 @pytest.mark.parametrize("overrides, message", [
     ({"draft_head_size": 300}, "--draft-head-size 300 is larger than the target's vocabulary "
                                "(256 tokens)"),
@@ -416,31 +401,6 @@ def test_cli_refuses_ids_spelled_as_a_sampled_answers(tiny_model_dir: Path,
             "answer's id ('<prompt id>#s<n>'); ids must not end in '#s' and a number") in (
         " ".join(result.output.split()))
     assert not (tmp_path / "o").exists()
-
-
-def test_a_readme_of_the_users_own_in_out_is_not_replaced(tiny_model_dir: Path,
-                                                          tmp_path: Path) -> None:
-    out = tmp_path / "d"
-    out.mkdir()
-    (out / "README.md").write_text("# my project\n")
-    with pytest.raises(FileExistsError) as err:
-        run_train_drafter(_job(tiny_model_dir, out))
-    assert str(err.value) == (f"{out / 'README.md'} is not a drafter's model card, and this job "
-                              "would replace it; choose another --out, or remove it")
-    assert sorted(os.listdir(out)) == ["README.md"]
-
-
-def test_cli_names_a_file_of_out_it_cannot_write(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """A directory where answers.jsonl goes (or a full disk) gave a traceback."""
-    prompts = tmp_path / "p.parquet"
-    pq.write_table(pa.table({"prompt": list(PROMPTS)}), prompts)
-    out = tmp_path / "d"
-    (out / "data" / "answers.jsonl").mkdir(parents=True)
-    result = CliRunner().invoke(main, ["train-drafter", "--model", str(tiny_model_dir),
-                                       "--prompts", str(prompts), "--out", str(out),
-                                       "--max-steps", "1", "--max-answer-tokens", "4"])
-    assert result.exit_code == 2
-    assert result.stderr.endswith(f"\nerror: {out / 'data' / 'answers.jsonl'}: Is a directory\n")
 
 
 def test_the_model_card_of_a_rerun_that_reused_every_answer_says_how_they_were_made(
