@@ -13,25 +13,23 @@ start of the job) split the plot where the job was stopped and resumed.
 
 from __future__ import annotations
 
-import bisect
-import collections
 import os
-import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.atomic import write_bytes_atomically
 from pipeline.bench import markdown as md
+from pipeline.bench.job_errors import error_reasons
+from pipeline.bench.job_timeline import busy_seconds, shard_spans, throughput_plot
 from pipeline.bench.plots import (
     drop_undrawn,
     plot_acceptance,
     plot_bars,
-    plot_over_time,
     report_dir,
 )
 from pipeline.config import JobError, one_line
@@ -50,8 +48,6 @@ from pipeline.manifest import (
 )
 from pipeline.stats import STATS_FILE, Counts, total
 from runtime.loader import default_drafter
-
-_Value = TypeVar("_Value")  # what time_segments carries per shard
 
 REPORT_FILE = JOB_REPORT_FILE
 PLOTS = JOB_PLOTS
@@ -92,9 +88,9 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     damaged = [sid for sid, why in problems.items() if why != MISSING]
     totals = total(shards.values())
     runs = manifest.runs if manifest is not None else []
-    spans = _spans(shards, committed)
+    spans = shard_spans(shards, committed)
     drawn = {
-        "throughput": _throughput_plot(shards, spans, runs, out / PLOTS["throughput"]),
+        "throughput": throughput_plot(shards, spans, runs, out / PLOTS["throughput"]),
         "acceptance": plot_acceptance({"all shards": totals}, out / PLOTS["acceptance"]),
         "errors": plot_bars([str(s) for s in shards], [shards[s].errors for s in shards],
                             out / PLOTS["errors"], "Rows with finish_reason 'error' per shard",
@@ -107,7 +103,7 @@ def write_job_report(directory: str, out_dir: str) -> Path:
     sections = [_header(directory, manifest, shards, done, missing, damaged, from_files,
                         damaged_manifest, stats_problem),
                 _totals(totals, busy, k, unknown_steps),
-                _error_reasons(directory, shards),
+                error_reasons(directory, shards),
                 _shard_table(shards, committed),
                 _plot_links(drawn, totals.drafted)]
     path = out / REPORT_FILE
@@ -157,7 +153,7 @@ def _stats_problem(stats_path: Path) -> str | None:
     try:
         names = pq.read_schema(stats_path).names
     except (OSError, pa.ArrowInvalid) as exc:
-        return f"cannot read it as Parquet ({_one_line(one_line(exc))})"
+        return f"cannot read it as Parquet ({md.cell(one_line(exc))})"
     absent = [c for c in ("shard_id", *_COUNT_COLUMNS) if c not in names]
     return f"lacks the column(s) {', '.join(absent)}" if absent else None
 
@@ -192,100 +188,6 @@ def _part_file_time(directory: str, shard_id: int) -> float | None:
         return os.path.getmtime(os.path.join(directory, part_name(shard_id)))
     except OSError:
         return None
-
-
-def _spans(shards: dict[int, Counts], committed: dict[int, float | None]
-           ) -> dict[int, tuple[float, float]] | None:
-    """Each shard's (start, commit) in Unix time, or None unless every commit time is known."""
-    if not committed or any(t is None for t in committed.values()):
-        return None
-    return {s: (t - shards[s].wall_seconds, t) for s, t in committed.items() if t is not None}
-
-
-def _throughput_plot(shards: dict[int, Counts], shard_spans: dict[int, tuple[float, float]] | None,
-                     runs: list[dict[str, Any]], path: Path) -> Any:
-    """Output tokens/s per shard: a point at each shard's commit, or where a job has more than
-    _MAX_POINTS shards, the tokens/s of the shards committed in each of _BINS equal stretches
-    (1,654 points of one-row shards, those of error rows at 0, drew a solid block)."""
-    work = {s: (float(c.completion_tokens), c.wall_seconds) for s, c in shards.items()}
-    binned = len(shards) > _MAX_POINTS
-    title = (f"Output tokens/s, shards in {_BINS} stretches" if binned
-             else "Output tokens/s per shard")
-    if shard_spans is None:
-        segments = [[(float(s), work[s]) for s in shards]]
-        xlabel = "shard" + (f" ({_BINS} stretches of shards)" if binned else "")
-    else:
-        spans = [(begun, ended, work[s]) for s, (begun, ended) in shard_spans.items()]
-        starts = sorted(float(r["started"]) for r in runs if isinstance(r.get("started"),
-                                                                         (int, float)))
-        origin = min(span[0] for span in spans)
-        unit, scale = time_unit(max(span[1] for span in spans) - origin)
-        broken = "; a break where the job stopped and resumed" if len(starts) > 1 else ""
-        segments = time_segments(spans, starts, scale)
-        point = "shards committed in each stretch" if binned else "a point at each commit"
-        xlabel = f"{unit} since the first shard started\n({point}{broken})"
-    rates = binned_rates(segments, _BINS) if binned else [
-        [(x, tokens / wall if wall > 0 else 0.0) for x, (tokens, wall) in segment]
-        for segment in segments]
-    return plot_over_time(rates, path, title, xlabel, "output tokens/s")
-
-
-_MAX_POINTS = 200
-_BINS = 100
-
-
-def binned_rates(segments: list[list[tuple[float, tuple[float, float]]]], bins: int
-                 ) -> list[list[tuple[float, float]]]:
-    """Segments of (x, (tokens, seconds)) -> segments of (middle of a stretch, tokens / seconds
-    of the points in it), the x range cut into `bins` equal stretches (a stretch without points
-    has none; one whose points took no time, 0.0). Example, 2 bins over x 0..4: [[(0, (10, 1)),
-    (1, (30, 1)), (4, (5, 5))]] -> [[(1.0, 20.0), (3.0, 1.0)]]."""
-    xs = [x for segment in segments for x, _ in segment]
-    low, width = min(xs), (max(xs) - min(xs)) / bins or 1.0
-    out = []
-    for segment in segments:
-        sums: dict[int, list[float]] = {}
-        for x, (tokens, seconds) in segment:
-            total_ = sums.setdefault(min(int((x - low) / width), bins - 1), [0.0, 0.0])
-            total_[0] += tokens
-            total_[1] += seconds
-        out.append([(low + (b + 0.5) * width, t / w if w > 0 else 0.0)
-                    for b, (t, w) in sorted(sums.items())])
-    return out
-
-
-def time_unit(seconds: float) -> tuple[str, float]:
-    """The unit a time axis of this length reads best in, and its seconds."""
-    if seconds < 180:
-        return "seconds", 1.0
-    if seconds < 3 * 3600:
-        return "minutes", 60.0
-    return "hours", 3600.0
-
-
-def time_segments(spans: list[tuple[float, float, _Value]], run_starts: list[float],
-                  scale: float = 60.0) -> list[list[tuple[float, _Value]]]:
-    """(start, commit, value) per shard -> runs of (time since the first start in `scale`
-    seconds, value) at each commit, a new run at each of `run_starts` (when the job was started
-    again). Example, minutes, a resume at 850 s: shards 0-60 s, 60-120 s, then 900-960 s ->
-    [[(1, v0), (2, v1)], [(16, v2)]]."""
-    origin = min(span[0] for span in spans)
-    segments: dict[int, list[tuple[float, _Value]]] = {}
-    for _, ended, rate in sorted(spans, key=lambda span: span[1]):
-        run = bisect.bisect_right(run_starts, ended)
-        segments.setdefault(run, []).append(((ended - origin) / scale, rate))
-    return list(segments.values())
-
-
-def busy_seconds(spans: list[tuple[float, float]]) -> float:
-    """The length of the union of (start, end) intervals: the time in which any shard was
-    generating. Example: (0, 10), (5, 12), (20, 25) -> 17."""
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy
 
 
 def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts],
@@ -448,82 +350,6 @@ def _shard_table(shards: dict[int, Counts], committed: dict[int, float | None]) 
 def _seconds(value: float) -> str:
     """Seconds to a tenth, or to a thousandth below 10 s (a fast shard's 0.04 s is not 0.0)."""
     return md.num(value, 3 if value < 10 else 1)
-
-
-def _error_reasons(directory: str, shards: dict[int, Counts]) -> str:
-    """The most common `error` messages of the committed shards' error rows, read from their
-    part files (only where some shard has error rows). The job's error column is a part file's
-    last: `error`, or P + `error` with --output-prefix P (an input column of that name, from an
-    earlier job, comes before it)."""
-    with_errors = [s for s, c in shards.items() if c.errors]
-    if not with_errors:
-        return ""
-    reasons: collections.Counter[str] = collections.Counter()  # by message_pattern
-    first: dict[str, str] = {}  # pattern -> its first message
-    numbers: dict[str, list[str | None]] = {}  # pattern -> its numbers, None where they differ
-    unread = []
-    for shard in with_errors:
-        path = os.path.join(directory, part_name(shard))
-        try:
-            last = pq.read_schema(path).names[-1]
-            if not last.endswith("error"):
-                raise KeyError(last)  # not a part file of a job
-            column = pq.read_table(path, columns=[last]).column(0)
-        except (OSError, KeyError, pa.ArrowInvalid):
-            unread.append(shard)
-            continue
-        for error in column.to_pylist():
-            if error is not None:
-                pattern = message_pattern(error)
-                reasons[pattern] += 1
-                found = _NUMBER.findall(error)
-                first.setdefault(pattern, error)
-                known = numbers.setdefault(pattern, list(found))
-                for i, (was, now) in enumerate(zip(known, found, strict=True)):  # same count
-                    if was != now:
-                        known[i] = None
-    parts = ["## Error rows by message"]
-    if reasons:
-        top = reasons.most_common(_MAX_REASONS)
-        # N only for the numbers that differ between a pattern's messages
-        shown = [(_numbers_that_differ(first[p], numbers[p]), n) for p, n in top]
-        parts.append(md.table(["error rows", "error"],
-                              [[f"{n:,}", "`" + _one_line(e) + "`"] for e, n in shown]))
-        if any(None in numbers[p] for p, _ in top):
-            parts.append("(N: a number; messages that differ only in their numbers are counted "
-                         "together)")
-        if len(reasons) > len(top):
-            parts.append(f"({len(reasons) - len(top)} other messages not listed)")
-    if unread:
-        parts.append(f"The part files of shard(s) {', '.join(map(str, unread[:20]))} could not "
-                     "be read for their messages.")
-    return "\n\n".join(parts)
-
-
-_MAX_REASONS = 10
-# a number, with its minus sign where one stands before it as a sign ('got -0.1', not the dash
-# of 'rows 10-19') and its exponent ('3e-05')
-_NUMBER = re.compile(r"(?:(?<![\w.])-)?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-
-
-def message_pattern(error: str) -> str:
-    """An error message with its numbers replaced by a NUL, so that the rows' messages that
-    differ only in them (a prompt's token count, a row index) are counted together. Example:
-    'prompt has 91 tokens' -> 'prompt has \\0 tokens'. (A letter N would be taken for a number
-    that a message writes as N: 'role (N)' and 'role (5)' were one pattern of 1 and 2 numbers.)"""
-    return _NUMBER.sub("\0", error)
-
-
-def _numbers_that_differ(message: str, numbers: list[str | None]) -> str:
-    """`message` with N for each number where its pattern's messages differ (numbers: None
-    there): 'prompt has N tokens; the model's context is 64' for prompts of many lengths."""
-    found = iter(numbers)
-    return _NUMBER.sub(lambda m: next(found) or "N", message)
-
-
-def _one_line(text: str, limit: int = 160) -> str:
-    line = " ".join(text.split()).replace("`", "'").replace("|", "\\|")
-    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def _clock(t: float | None) -> str:

@@ -21,6 +21,13 @@ def _numeric(cell: str) -> bool:
     return cell in ("–", "") or stripped.replace(".", "", 1).lstrip("-").isdigit()
 
 
+def cell(text: str, limit: int = 160) -> str:
+    """Text for a table cell or a line of code: on one line, without the characters that would
+    end either, cut to `limit` characters."""
+    line = " ".join(text.split()).replace("`", "'").replace("|", "\\|")
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
 def num(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 

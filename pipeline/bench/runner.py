@@ -358,7 +358,7 @@ def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: P
 
 
 def _prompt_format(config: BenchConfig, tokenizer: Any) -> str:
-    """How prompts became tokens, for the report's header (report._PROMPT_FORMATS)."""
+    """How prompts became tokens, for the report's header (report_header._PROMPT_FORMATS)."""
     if config.messages_column is not None:
         return "messages"
     if not config.chat_template:

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from jobs.cli import main
-from pipeline.bench.job_report import PLOTS, _error_reasons, _shards
+from pipeline.bench.job_errors import error_reasons
+from pipeline.bench.job_report import PLOTS, _shards
 from pipeline.bench.plots import _label_step
 from pipeline.manifest import Manifest
 from pipeline.stats import Counts, write_stats
@@ -382,7 +383,7 @@ def test_error_messages_that_differ_only_in_numbers_are_counted_together(
     write_parquet(tmp_path / "part-00000.parquet",
                   {"error": [long.format(91), long.format(94), "prompt is empty",
                              "stop string 2 is not valid UTF-8", None]})
-    report = _error_reasons(str(tmp_path), {0: Counts(rows=5, errors=4)})
+    report = error_reasons(str(tmp_path), {0: Counts(rows=5, errors=4)})
     assert report == (
         "## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n"
         "| 2 | `prompt has N tokens; the model's context is 64` |\n"  # 64 on both
@@ -398,7 +399,7 @@ def test_error_messages_keep_a_letter_n_and_numbers_that_do_not_differ(tmp_path:
                   {"error": ["row 3: Not a number: NaN in 2 of 7",
                              "row 12: Not a number: NaN in 2 of 9",
                              "row 3: Not a number: NaN in 2 of 7"]})
-    report = _error_reasons(str(tmp_path), {0: Counts(rows=3, errors=3)})
+    report = error_reasons(str(tmp_path), {0: Counts(rows=3, errors=3)})
     assert "| 3 | `row N: Not a number: NaN in 2 of N` |" in report
 
 
@@ -408,7 +409,7 @@ def test_error_messages_with_negative_numbers_are_counted_with_the_others(
     write_parquet(tmp_path / "part-00000.parquet",
                   {"error": ["top_p got -0.1", "top_p got 1.5", "top_p got -2",
                              "rows 10-19 unreadable", "rows 20-29 unreadable"]})
-    report = _error_reasons(str(tmp_path), {0: Counts(rows=5, errors=5)})
+    report = error_reasons(str(tmp_path), {0: Counts(rows=5, errors=5)})
     assert "| 3 | `top_p got N` |\n| 2 | `rows N-N unreadable` |" in report
 
 
@@ -419,7 +420,7 @@ def test_error_messages_with_a_letter_n_or_exponents_are_grouped_by_their_number
     write_parquet(tmp_path / "part-00000.parquet",
                   {"error": ["messages[0] (N) has null content", "messages[0] (5) has null content",
                              "got -0.5", "got -3e-05", "got 2E+7"]})
-    report = _error_reasons(str(tmp_path), {0: Counts(rows=5, errors=5)})
+    report = error_reasons(str(tmp_path), {0: Counts(rows=5, errors=5)})
     assert "| 3 | `got N` |" in report
     assert "| 1 | `messages[0] (N) has null content` |" in report
     assert "| 1 | `messages[0] (5) has null content` |" in report

@@ -242,13 +242,14 @@ def test_an_equality_failure_is_called_a_bug_only_where_outputs_must_be_bit_equa
 
 
 def test_a_random_drafter_is_named_and_its_acceptance_called_meaningless() -> None:
-    from pipeline.bench.report import _acceptance, _header  # noqa: PLC0415
+    from pipeline.bench.report import _acceptance  # noqa: PLC0415
+    from pipeline.bench.report_header import header as bench_header  # noqa: PLC0415
 
     meta = {"prompts": 1, "threads": 1, "prompt_tokens": {"min": 5, "median": 5.0, "max": 5},
             "skipped_prompts": 2, "random_drafter": True,
             "config": {"batch_sizes": [1], "ks": [0, 2], "repeats": 1,
                        "draft_confidence": 0.0}}
-    header = _header(meta, [1])
+    header = bench_header(meta, [1])
     assert "- 1 prompt (5..5 tokens, median 5; 2 left out: null, empty, malformed messages, or " \
            "too long for the model's context)" in header
     assert "1 torch thread," in header
@@ -260,12 +261,12 @@ def test_a_random_drafter_is_named_and_its_acceptance_called_meaningless() -> No
         _acceptance(rows, meta)
     trained = {**meta, "random_drafter": False, "config": {**meta["config"],
                                                            "draft_confidence": 0.15}}
-    assert "drafts cut below drafter confidence 0.15" in _header(trained, [1])
-    assert "Random drafter" not in _header(trained, [1])
+    assert "drafts cut below drafter confidence 0.15" in bench_header(trained, [1])
+    assert "Random drafter" not in bench_header(trained, [1])
     assert "meaningless" not in _acceptance(rows, trained)
     # with lookups on, a step's drafts vary (lookups replace the drafter's where text repeats)
     lookups = {**meta, "config": {**meta["config"], "draft_ngram": True}}
-    header = _header(lookups, [1])
+    header = bench_header(lookups, [1])
     assert ("drafts never cut by the drafter's confidence (a random drafter's confidence means "
             "nothing); drafter weights") in header
     assert "every step" not in header
@@ -273,16 +274,16 @@ def test_a_random_drafter_is_named_and_its_acceptance_called_meaningless() -> No
             "generated text repeats, their accepted lookups gain as well).") in header
     untrained = {**meta, "random_drafter": False}
     assert "drafts never cut by the drafter's confidence (k drafts every step)" in \
-        _header(untrained, [1])
-    assert "drafts never cut by the drafter's confidence;" in _header(
+        bench_header(untrained, [1])
+    assert "drafts never cut by the drafter's confidence;" in bench_header(
         {**untrained, "config": lookups["config"]}, [1])
 
 
 def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> None:
-    from pipeline.bench.report import _header  # noqa: PLC0415
+    from pipeline.bench.report_header import header as bench_header  # noqa: PLC0415
 
     meta = {"prompts": 3, "config": {"batch_sizes": [1, 4, 64], "ks": [0], "repeats": 3}}
-    header = _header(meta, [1, 4], {1: 3, 4: 1})
+    header = bench_header(meta, [1, 4], {1: 3, 4: 1})
     # a bench killed in batch 4's second round (bench.parquet is written after every round)
     assert ("> **Incomplete.** The bench stopped (it was killed?) before all its runs: batch "
             "size(s) [64] did not run; batch 4: 1 of 3 rounds.") in header
@@ -293,20 +294,20 @@ def test_the_header_says_what_did_not_run_and_what_ran_as_a_smaller_batch() -> N
                            "runs: batch size(s) [64] did not run; batch 4: 1 of 3 rounds.")
     assert ("- batch size(s) [4] exceed the 3 prompts: at most 3 requests were in flight "
             "there, so those figures are batch 3's") in header
-    assert "Incomplete" not in _header({**meta, "config": {"batch_sizes": [1], "repeats": 3}},
+    assert "Incomplete" not in bench_header({**meta, "config": {"batch_sizes": [1], "repeats": 3}},
                                        [1], {1: 3})
-    assert "no description of its run" in _header({}, [1])
+    assert "no description of its run" in bench_header({}, [1])
 
 
 def test_the_q4_line_says_how_many_weights_got_4_bit_panels() -> None:
-    from pipeline.bench.report import _q4_line  # noqa: PLC0415
+    from pipeline.bench.report_header import _q4_line  # noqa: PLC0415
 
     assert "asked for, but none of the model's 14 weight matrices" in _q4_line([0, 14])
     assert "the 210 of 210 weight matrices that are exactly GGUF Q4_1" in _q4_line([210, 210])
 
 
 def test_a_resumed_jobs_shards_plot_in_separate_runs() -> None:
-    from pipeline.bench.job_report import time_segments, time_unit  # noqa: PLC0415
+    from pipeline.bench.job_timeline import time_segments, time_unit  # noqa: PLC0415
 
     spans = [(0.0, 60.0, 10.0), (60.0, 120.0, 11.0), (900.0, 960.0, 12.0),
              (905.0, 970.0, 13.0)]  # two workers after the resume
@@ -322,7 +323,7 @@ def test_a_resumed_jobs_shards_plot_in_separate_runs() -> None:
 
 
 def test_busy_seconds_count_overlapping_shards_once() -> None:
-    from pipeline.bench.job_report import busy_seconds  # noqa: PLC0415
+    from pipeline.bench.job_timeline import busy_seconds  # noqa: PLC0415
 
     assert busy_seconds([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0)]) == 17.0
     assert busy_seconds([(0.0, 10.0), (2.0, 3.0)]) == 10.0
@@ -344,13 +345,14 @@ def test_latencies_read_in_ms_when_every_one_is_under_a_second() -> None:
 
 
 def test_the_header_states_the_settings_that_change_the_figures() -> None:
-    from pipeline.bench.report import _header, _throughput  # noqa: PLC0415
+    from pipeline.bench.report import _throughput  # noqa: PLC0415
+    from pipeline.bench.report_header import header as bench_header  # noqa: PLC0415
 
     meta = {"prompts": 2, "threads": 1, "prompt_tokens": {"min": 5, "median": 5.0, "max": 5},
             "clamped": 1, "max_model_len": 2048,
             "config": {"batch_sizes": [1], "ks": [0, 2], "repeats": 1, "max_tokens": 3000,
                        "baseline": "none", "kv_cache_memory": 3 << 20, "draft_max_batch": None}}
-    header = _header(meta, [1])
+    header = bench_header(meta, [1])
     assert ("- 1 request gets fewer than 3000 new tokens: the prompt leaves less room in the "
             "model's context of 2048 tokens") in header
     assert "- no transformers baseline (`--baseline none`): engine variants only" in header
@@ -359,16 +361,17 @@ def test_the_header_states_the_settings_that_change_the_figures() -> None:
     assert ("- KV cache: 3 MiB per engine (`--kv-cache-memory`); the drafter's layers take their "
             "share of it, so the k > 0 variants hold fewer of the target's blocks") in header
     small = {**meta, "config": {**meta["config"], "kv_cache_memory": 200 << 10}}
-    assert "- KV cache: 200 KiB per engine (`--kv-cache-memory`)" in _header(small, [1])  # not 0
+    assert "- KV cache: 200 KiB per engine (`--kv-cache-memory`)" in bench_header(  # not 0
+        small, [1])
     # prefix caching: off in benches written before the option; on, with no run recorded yet
     assert header.endswith("- prefix caching off: every request computed its whole prompt")
-    cached = _header({**meta, "config": {**meta["config"], "prefix_caching": True}}, [1])
+    cached = bench_header({**meta, "config": {**meta["config"], "prefix_caching": True}}, [1])
     assert ("- prefix caching on, as in `generate`, emptied before each run (a run reuses only "
             "the blocks its own requests share, such as a chat template's system prompt, never "
             "an earlier run's prompts)") in cached
     plain = {**meta, "clamped": 0, "config": {**meta["config"], "ks": [0], "baseline":
                                               "transformers", "kv_cache_memory": None}}
-    header = _header(plain, [1])
+    header = bench_header(plain, [1])
     assert "- KV cache: sized for each engine's whole batch" in header
     for absent in ("fewer than", "baseline", "draft at every batch size"):
         assert absent not in header
@@ -383,7 +386,7 @@ def test_the_header_states_the_settings_that_change_the_figures() -> None:
 def test_a_job_of_many_shards_plots_its_tokens_per_s_in_stretches(tmp_path: Path) -> None:
     """1,654 one-row shards drew 1,654 points (those of error rows at 0): a solid block. Above
     200 shards the plot shows the tokens/s of the shards committed in each of 100 stretches."""
-    from pipeline.bench.job_report import _throughput_plot, binned_rates  # noqa: PLC0415
+    from pipeline.bench.job_timeline import binned_rates, throughput_plot  # noqa: PLC0415
     from pipeline.stats import Counts  # noqa: PLC0415
 
     assert binned_rates([[(0.0, (10.0, 1.0)), (1.0, (30.0, 1.0)), (4.0, (5.0, 5.0))]], 2) == [
@@ -398,7 +401,7 @@ def test_a_job_of_many_shards_plots_its_tokens_per_s_in_stretches(tmp_path: Path
         shards[s] = Counts(rows=1, errors=int(errors), completion_tokens=0 if errors else 10,
                            wall_seconds=0.0 if errors else 1.0)
         spans[s] = (float(s // 2), float(s // 2) + (0.0 if errors else 1.0))
-    drawn = _throughput_plot(shards, spans, [{"started": -1.0}], tmp_path / "t.png")
+    drawn = throughput_plot(shards, spans, [{"started": -1.0}], tmp_path / "t.png")
     points = drawn["output tokens/s"]
     assert len(points) == 100 and {rate for _, rate in points} == {10.0}
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
