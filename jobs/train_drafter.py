@@ -19,12 +19,8 @@ from pipeline.stages.tokenize import clean_messages, messages_problem
 from runtime.config import DEFAULT_MODEL
 from runtime.loader import load_model_config, resolve_model
 from runtime.speculative.train_data import Prompt
-from runtime.speculative.train_job import (
-    TrainDrafterJob,
-    TrainingInterrupted,
-    load_init_drafter,
-    run_train_drafter,
-)
+from runtime.speculative.train_init import load_init_drafter
+from runtime.speculative.train_job import TrainDrafterJob, TrainingInterrupted, run_train_drafter
 from runtime.speculative.training import TrainConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")

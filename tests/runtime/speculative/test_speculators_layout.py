@@ -19,7 +19,7 @@ from runtime.speculative.loader import (
     drafter_num_layers,
     load_drafter_checkpoint,
 )
-from runtime.speculative.train_job import load_init_drafter
+from runtime.speculative.train_init import load_init_drafter
 from tests.drafter_fixtures import generate_greedy as generate
 from tests.drafter_fixtures import make_random_drafter
 

@@ -29,15 +29,13 @@ from runtime.speculative.train_data import (
     render_prompts,
     shard_rows,
 )
-from runtime.speculative.train_job import (
-    TrainDrafterJob,
+from runtime.speculative.train_init import (
     build_drafter,
     frequent_tokens,
     init_from_drafter,
     load_target,
-    resumed_vocab,
-    run_train_drafter,
 )
+from runtime.speculative.train_job import TrainDrafterJob, resumed_vocab, run_train_drafter
 from runtime.speculative.training import TrainConfig
 from tests.drafter_fixtures import make_random_drafter
 

@@ -21,12 +21,8 @@ from runtime.loader import load_model_config
 from runtime.request import GenerationRequest
 from runtime.speculative.train_data import read_answers, read_shard
 from runtime.speculative.train_forward import step_mask, unrolled_forward
-from runtime.speculative.train_job import (
-    TrainDrafterJob,
-    build_drafter,
-    load_target,
-    run_train_drafter,
-)
+from runtime.speculative.train_init import build_drafter, load_target
+from runtime.speculative.train_job import TrainDrafterJob, run_train_drafter
 from runtime.speculative.training import DrafterTrainer, TrainConfig, collate
 
 PROMPTS = ("Hello there", "What is two plus two?", "Name a colour.", "Tell me a story",
