@@ -12,6 +12,7 @@ import click
 
 from jobs.options import finite, memory_size, not_blank
 from pipeline.config import JobConfig, JobError, RayConfig
+from pipeline.interrupt import JobInterrupted, rerun_hint
 from runtime.config import (
     CLI_DRAFT_CONFIDENCE,
     CLI_DRAFT_MAX_BATCH,
@@ -209,7 +210,7 @@ def generate(**options: Any) -> None:
     at its top or in Hive partition folders such as lang=en/, whose values become columns, or a
     glob) into OUTPUT_DIR/part-NNNNN.parquet, with stats.parquet and manifest.json. Rerunning
     the same command resumes an interrupted job."""
-    from pipeline.job import JobInterrupted, rerun_hint, run_job  # `--help` needs no torch
+    from pipeline.job import run_job  # `--help` needs no torch
     from pipeline.manifest import SUCCESS_FILE  # noqa: PLC0415
 
     overwrite = bool(options.get("overwrite"))

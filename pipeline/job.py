@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from types import FrameType
 from typing import NamedTuple, TypeVar
 
 from pipeline.atomic import remove_stale_temps, write_bytes_atomically
 from pipeline.bench.metrics import BENCH_FILE
 from pipeline.config import JobConfig, JobError, one_line
+from pipeline.interrupt import StopFlag, rerun_hint, stop_on_signals
 from pipeline.manifest import (
     JOB_REPORT_FILE,
     JOB_REPORT_TITLE,
@@ -56,21 +54,6 @@ from runtime.config import EngineConfig, PlacementError
 from runtime.engine import Engine
 from runtime.kv.groups import KVCacheBudgetError
 from runtime.setup import place
-
-
-class JobInterrupted(Exception):
-    """SIGINT/SIGTERM: the shard in flight was abandoned; committed shards are kept."""
-
-    def __init__(self, signum: int, overwrite: bool = False) -> None:
-        super().__init__(f"interrupted; {rerun_hint(overwrite)}")
-        self.signum = signum
-
-
-def rerun_hint(overwrite: bool) -> str:
-    """How to resume: the same command, less --overwrite (which would start over)."""
-    if overwrite:
-        return "rerun the same command without --overwrite to resume (with it, the job starts over)"
-    return "rerun the same command to resume"
 
 
 class JobSummary(NamedTuple):
@@ -190,7 +173,7 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
         start = time.monotonic()
         writer = ManifestWriter(manifest, config.output_dir)
         try:
-            with _stop_on_signals(config.overwrite) as stop:
+            with stop_on_signals(config.overwrite) as stop:
                 hooks = ShardHooks(bar.rows_done, _on_step(bar, stop), stop.check)
                 try:
                     for shard_id, counts in run_shards(pending, hooks):
@@ -415,49 +398,7 @@ def _locked(output_dir: str) -> Iterator[None]:
         yield
 
 
-class _StopFlag:
-    def __init__(self, overwrite: bool) -> None:
-        self.signum: int | None = None
-        self.overwrite = overwrite
-        self._shielded = False
-
-    def check(self) -> None:
-        if self.signum is not None:
-            raise JobInterrupted(self.signum, self.overwrite)
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None and not self._shielded:
-            raise JobInterrupted(signum, self.overwrite)  # a second signal: stop now
-        self.signum = self.signum or signum
-
-    @contextmanager
-    def shielded(self) -> Iterator[None]:
-        """No signal stops what runs inside (the last save of the manifest: a second Ctrl-C
-        there threw away its temporary file, and with it shards already written)."""
-        self._shielded = True
-        try:
-            yield
-        finally:
-            self._shielded = False
-
-
-@contextmanager
-def _stop_on_signals(overwrite: bool) -> Iterator[_StopFlag]:
-    """SIGINT/SIGTERM set a flag that the job checks between stages and after each engine step.
-    Handlers can only be installed from the main thread; elsewhere the flag is never set."""
-    flag = _StopFlag(overwrite)
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-    previous = {s: signal.signal(s, flag.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _on_step(bar: Progress, stop: _StopFlag) -> Callable[[int], None]:
+def _on_step(bar: Progress, stop: StopFlag) -> Callable[[int], None]:
     def on_step(tokens: int) -> None:
         bar.tokens_generated(tokens)
         stop.check()

@@ -18,7 +18,8 @@ import pytest
 
 from pipeline import manifest as manifest_module
 from pipeline.config import JobConfig, JobError
-from pipeline.job import JobInterrupted, run_job
+from pipeline.interrupt import JobInterrupted
+from pipeline.job import run_job
 from pipeline.manifest import Manifest
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine

@@ -20,7 +20,8 @@ pytest.importorskip("ray.exceptions")  # (a bare "ray" would find tests/pipeline
 import ray  # noqa: E402
 
 from pipeline.config import JobError  # noqa: E402
-from pipeline.job import JobInterrupted, run_job  # noqa: E402
+from pipeline.interrupt import JobInterrupted  # noqa: E402
+from pipeline.job import run_job  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 from tests.pipeline.helpers import hidden_files, read_parts  # noqa: E402
 from tests.pipeline.ray import ray_helpers  # noqa: E402
