@@ -13,7 +13,7 @@ from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
 from runtime.rope import context_length
-from runtime.speculative.loader import DrafterMismatchError
+from runtime.speculative.draft_vocab import DrafterMismatchError
 from tests.drafter_fixtures import make_random_drafter
 from tests.fixtures import make_tiny_checkpoint, make_tiny_tokenizer
 

@@ -19,11 +19,8 @@ from runtime.config import EngineConfig
 from runtime.engine import Engine
 from runtime.loader import load_state_dict
 from runtime.request import Completion
-from runtime.speculative.loader import (
-    DrafterMismatchError,
-    drafter_num_layers,
-    load_drafter_checkpoint,
-)
+from runtime.speculative.draft_vocab import DrafterMismatchError
+from runtime.speculative.loader import drafter_num_layers, load_drafter_checkpoint
 from tests.drafter_fixtures import generate_greedy, make_random_drafter
 from tests.fixtures import make_tiny_checkpoint
 
