@@ -216,7 +216,12 @@ class Engine:
             accepted = len(emitted) - 1
             # start + n = len(token_ids) + verified; the rejected drafts' KV is not kept
             seq.num_computed_tokens = start + n - verified + accepted
+            reason, kept = self._append(seq, emitted)
+            generated += kept
             if verified:
+                # accepted drafts after the token that finished the request (a stop string,
+                # EOS) are thrown away with it: they count as neither accepted nor output
+                accepted = min(accepted, kept)
                 seq.num_draft_steps += 1
                 seq.num_drafted += verified
                 seq.num_accepted += accepted
@@ -224,8 +229,6 @@ class Engine:
                 counts.extend([0] * (accepted - len(counts)))
                 for j in range(accepted):
                     counts[j] += 1
-            reason = self._append(seq, emitted)
-            generated += len(emitted)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 finished.append(_completion(seq))
@@ -233,14 +236,15 @@ class Engine:
                 seq.draft_token_ids = drafts[:self._draft_room(seq)]
         return finished, generated
 
-    def _append(self, seq: Sequence, tokens: list[int]) -> str | None:
-        """Appends tokens until one finishes the request; returns the finish reason or None."""
-        for token in tokens:
+    def _append(self, seq: Sequence, tokens: list[int]) -> tuple[str | None, int]:
+        """Appends tokens until one finishes the request; returns the finish reason (None
+        while the request goes on) and how many tokens were appended."""
+        for i, token in enumerate(tokens):
             seq.token_ids.append(token)
             reason = self.stop.check(seq, self.max_model_len)
             if reason is not None:
-                return reason
-        return None
+                return reason, i + 1
+        return None, len(tokens)
 
     def _draft_room(self, seq: Sequence) -> int:
         """Drafts worth verifying: the request needs at most `left` more tokens, and the last

@@ -8,6 +8,7 @@ from runtime.sequence import Sequence
 
 # Extra tokens decoded around a stop string, so one split across tokens is still seen.
 _STOP_WINDOW_SLACK = 4
+_PARTIAL = "\ufffd"  # what a decoder gives for bytes that do not complete a character
 
 
 class StopChecker:
@@ -27,11 +28,20 @@ class StopChecker:
         return None
 
     def _stop_string(self, seq: Sequence) -> str | None:
-        longest = max(len(s) for s in seq.params.stop)
+        """The stop string that the last token completed, if any. Every token holds at least
+        one byte of text, so the last (UTF-8 bytes of the longest stop + slack) tokens hold any
+        stop that ends in the last one; a CJK character or an emoji may take 2-4 tokens, so
+        counting characters fell short. The window may begin and end inside a character: the
+        replacement characters those partial bytes decode to are not text. Where several stops
+        end in the last token, the one that begins first is the one the text is cut at."""
+        longest = max(len(s.encode("utf-8", "surrogatepass")) for s in seq.params.stop)
         window = seq.output_token_ids[-(longest + _STOP_WINDOW_SLACK):]
-        text = self.tokenizer.decode(window, skip_special_tokens=True)
-        for stop in seq.params.stop:
-            if stop in text:
-                seq.stop_string = stop
-                return stop
-        return None
+        text = str(self.tokenizer.decode(window, skip_special_tokens=True))
+        if len(window) < seq.num_output_tokens:  # begins inside the output, maybe mid-character
+            text = text.lstrip(_PARTIAL)
+        text = text.rstrip(_PARTIAL)
+        found = [(text.find(stop), i) for i, stop in enumerate(seq.params.stop) if stop in text]
+        if not found:
+            return None
+        seq.stop_string = seq.params.stop[min(found)[1]]
+        return seq.stop_string

@@ -126,3 +126,60 @@ def test_a_seed_is_a_64_bit_pattern() -> None:
     u = position_uniforms([-1, 2**64 - 1, 2**64 + 5, 5, 6], [0] * 5, 3, "cpu")
     assert torch.equal(u[0], u[1]) and torch.equal(u[2], u[3])
     assert not torch.equal(u[3], u[4]) and not torch.equal(u[0], u[3])
+
+
+def test_top_k_top_p_among_candidates_keep_what_sorting_the_vocabulary_keeps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows whose filtered distribution lies within the CANDIDATES most likely tokens are sorted
+    among those only; the others (a flat row under top-p, a top_k past the candidates, ties at
+    the last candidate) sort the whole vocabulary. Either way a row keeps exactly the tokens a
+    sort of the whole vocabulary keeps, with the same probabilities up to rounding, and its
+    result does not depend on the other rows."""
+    from runtime import sampler  # noqa: PLC0415
+    from runtime.sampler import CANDIDATES, _sorted_vocab_probs, _top_k_top_p_probs  # noqa: PLC0415
+
+    sorted_rows: list[int] = []  # rows that went the slow way, per call
+
+    def counted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        sorted_rows.append(len(scaled))
+        return _sorted_vocab_probs(scaled, top_k, top_p)
+
+    monkeypatch.setattr(sampler, "_sorted_vocab_probs", counted)
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 3 * CANDIDATES
+    top_k = torch.tensor([[0], [5], [1], [2 * CANDIDATES], [0], [0], [CANDIDATES], [3], [0]])
+    top_p = torch.tensor([[0.9], [1.0], [0.5], [0.95], [1.0], [0.3], [0.99], [0.7], [0.999]])
+    for trial in range(40):
+        scaled = torch.randn(len(top_k), vocab, generator=g) * (1 + trial % 8)
+        if trial % 4 == 0:
+            scaled = scaled.round()  # ties, at the last candidate too
+        fast = _top_k_top_p_probs(scaled, top_k, top_p)
+        full = _sorted_vocab_probs(scaled, top_k, top_p)
+        if trial % 8 == 7 and trial % 4:  # peaked and untied: only top_k 2 * CANDIDATES sorts all
+            assert sorted_rows[-1] == 1
+        # the cumulative mass is summed in another order: a token whose mass before it is
+        # top_p up to rounding may be kept by one and not the other (trial 11: row 8's top_p
+        # 0.999 keeps 797 tokens, and 796 when the whole vocabulary is sorted)
+        differ = ((fast > 0) != (full > 0)).sum(-1)
+        assert differ[:-1].sum() == 0 and differ[-1] <= 1
+        torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
+        assert (fast > 0).sum(-1)[1:3].tolist() == [5, 1]  # top_k 5; top_k 1
+        for row in (0, 3, 8):
+            alone = _top_k_top_p_probs(scaled[row:row + 1], top_k[row:row + 1], top_p[row:row + 1])
+            assert torch.equal(alone[0], fast[row])
+
+
+def test_greedy_rows_are_those_that_sampling_params_calls_greedy() -> None:
+    """A float32 column's 1e-5 is 9.99999974738e-06: greedy for SamplingParams (float64), and
+    was not for the tensors (compared in float32), so the row was decoded either way depending
+    on the step."""
+    import numpy as np  # noqa: PLC0415
+
+    from runtime.config import SamplingParams  # noqa: PLC0415
+
+    temperatures = [float(np.float32(1e-5)), 1e-5, 0.0, 0.7]
+    assert [SamplingParams(temperature=t).greedy for t in temperatures] == [
+        True, False, True, False]
+    st = make_sampling_tensors(temperatures, [0] * 4, [1.0] * 4, "cpu")
+    assert st.greedy.tolist() == [True, False, True, False]
