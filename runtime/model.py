@@ -29,8 +29,9 @@ def check_layer_config(config: PretrainedConfig, what: str, any_architecture: bo
                        ) -> None:
     """Refuse, naming `what` and the field, a config the layers here would misread: a
     hidden_act other than SiLU (the MLPs run SiLU, as every Llama, Qwen2/3 and Mistral
-    checkpoint has), RoPE settings rope.check_rope refuses, or a sliding_window that is not a
-    number where it is read (sliding_window_of)."""
+    checkpoint has), RoPE settings rope.check_rope refuses, a max_position_embeddings that is
+    not a positive integer, or a sliding_window that is not a number where it is read
+    (sliding_window_of)."""
     act = getattr(config, "hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{what}'s hidden_act {act!r} is not supported (supported: silu)")
@@ -38,6 +39,11 @@ def check_layer_config(config: PretrainedConfig, what: str, any_architecture: bo
         check_rope(config)
     except ValueError as exc:
         raise ValueError(f"{what}'s {exc}") from None
+    context = getattr(config, "max_position_embeddings", None)
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                or context < 1):
+        raise ValueError(f"{what}'s max_position_embeddings is {context!r}; expected a positive "
+                         "integer (the context a request may grow to)")
     window = getattr(config, "sliding_window", None)
     read = any_architecture or getattr(config, "model_type", None) in _WINDOWED_MODEL_TYPES
     if read and window is not None and (isinstance(window, bool) or not isinstance(window, int)):
@@ -278,14 +284,15 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]
-                     | Iterable[tuple[str, torch.Tensor]]) -> None:
+                     | Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copies a Hugging Face state dict in (a mapping, or its (name, tensor) pairs one at a
         time, each dropped once copied: runtime.loader.iter_state_dict); a name the model
-        lacks, or a parameter the checkpoint lacks, is an error."""
+        lacks, or a parameter the checkpoint lacks, is an error. Returns the names copied."""
         params = dict(self.named_parameters())
         pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
         seen: set[str] = set()
         ignored: set[str] = set()
+        tied = getattr(self.config, "tie_word_embeddings", False)
         with torch.no_grad():
             for name, tensor in pairs:
                 if name in params:
@@ -295,11 +302,12 @@ class CausalLM(nn.Module):
                             f"{tuple(tensor.shape)}, the config gives {tuple(params[name].shape)}")
                     params[name].copy_(tensor)
                     seen.add(name)
-                elif "rotary_emb" not in name:
-                    ignored.add(name)
+                elif "rotary_emb" not in name and not (name == "lm_head.weight" and tied):
+                    ignored.add(name)  # (a head tied on construction is the embedding's)
         missing = set(params) - seen
-        if getattr(self.config, "tie_word_embeddings", False):
+        if tied:
             missing.discard("lm_head.weight")
         if missing or ignored:
             raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
                              f"unexpected {sorted(ignored)[:5]}")
+        return seen

@@ -125,6 +125,20 @@ def test_eos_token_ids_from_the_generation_config_else_the_config(
     assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 9, 11})
     (model_dir / "generation_config.json").unlink()
     assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 9, 11})
+    # found by QA: a string "12" was read as the ids 1 and 2, [null] gave a TypeError, a file
+    # that is not JSON a message naming no file
+    where = model_dir / "generation_config.json"
+    for text, why in (('{"eos_token_id": "12"}', 'eos_token_id is "12"; expected a token id or '
+                                                 'a list of token ids'),
+                      ('{"eos_token_id": [null]}', "eos_token_id is [null]; expected a token id "
+                                                   "or a list of token ids"),
+                      ("{eos", "not JSON (Expecting property name enclosed in double quotes: "
+                               "line 1 column 2 (char 1))"),
+                      ("[2]", "not a JSON object")):
+        where.write_text(text)
+        with pytest.raises(ValueError) as err:
+            eos_token_ids(model_dir, tokenizer)
+        assert str(err.value) == f"{where}: {why}"
 
 
 def test_tokenizer_round_trip_and_chat_template(tiny_model_dir: Path) -> None:
@@ -374,3 +388,39 @@ def test_safetensors_read_into_tensors_match_safetensors_own_reader(tiny_model_d
     (model / "model.safetensors").write_bytes(data[:8] + b"garbage!" + data[16:])
     with pytest.raises(ValueError, match="model.safetensors: not a safetensors file"):
         load_state_dict(model, torch.float32)
+    # a header entry without its dtype gave a KeyError (found by QA)
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    del header["f32"]["dtype"]
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)
+    (model / "model.safetensors").write_bytes(data[:8] + text + data[8 + size:])
+    with pytest.raises(ValueError) as err:
+        load_state_dict(model, torch.float32)
+    assert str(err.value) == (f"{model / 'model.safetensors'}: not a safetensors file (the "
+                              "header's entry for 'f32' lacks a dtype, a shape or its data "
+                              "offsets)")
+
+
+def test_a_tokenizer_file_that_is_not_json_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    (model_dir / "tokenizer.json").write_text("garbage")
+    with pytest.raises(ValueError) as err:
+        load_tokenizer(model_dir)
+    assert str(err.value) == (f"{model_dir / 'tokenizer.json'}: not JSON (Expecting value: line "
+                              "1 column 1 (char 0))")
+
+
+def test_a_context_that_is_not_a_positive_integer_is_refused(tiny_model_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """max_position_embeddings 0 made every row an error row ('a prompt may have at most
+    -1 tokens'), found by QA."""
+    from runtime.config import EngineConfig  # noqa: PLC0415
+    from runtime.engine import Engine  # noqa: PLC0415
+
+    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 0}))
+    with pytest.raises(ValueError) as err:
+        Engine(EngineConfig(model=str(model_dir)))
+    assert str(err.value) == ("the model's max_position_embeddings is 0; expected a positive "
+                              "integer (the context a request may grow to)")

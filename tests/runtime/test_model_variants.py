@@ -244,3 +244,34 @@ def test_a_drafter_config_the_layers_would_misread_is_refused(
         Engine(EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=1 << 20,
                             drafter=str(drafter)))
     assert str(err.value).startswith(f"drafter {drafter / 'config.json'}{message}")
+
+
+def test_a_tied_config_with_a_head_of_other_values_uses_that_head_as_transformers_does(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Found by QA: config.json ties the head, the weights hold one of other values, and
+    transformers keeps that head, untied (with a warning); the engine tied it again, silently,
+    and gave other tokens. A stored head equal to the embedding stays tied."""
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    prompt = [5, 9, 33, 12, 80, 7]
+    for differs in (True, False):
+        model_dir = make_tiny_checkpoint(tmp_path / str(differs), tie_word_embeddings=True)
+        weights = load_file(model_dir / "model.safetensors")
+        embedding = weights["model.embed_tokens.weight"]
+        weights["lm_head.weight"] = (torch.randn(embedding.shape, generator=torch.Generator(
+            ).manual_seed(1)) * 0.1 if differs else embedding.clone())
+        save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+        reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        assert (reference.lm_head.weight is reference.model.embed_tokens.weight) is not differs
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        capfd.readouterr()
+        engine = Engine(EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=1 << 20))
+        done = list(engine.generate([GenerationRequest("0", tuple(prompt), SamplingParams(
+            max_tokens=12, ignore_eos=True))]))
+        assert list(done[0].token_ids) == expected
+        note = (f"note: {model_dir} ties the LM head to the embedding (tie_word_embeddings), but "
+                "its weights hold a head of other values: that head is used, untied, as "
+                "transformers does; set tie_word_embeddings to false to say so")
+        assert (note in " ".join(capfd.readouterr().err.split())) is differs
