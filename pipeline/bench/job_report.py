@@ -13,6 +13,7 @@ start of the job) split the plot where the job was stopped and resumed.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -134,13 +135,28 @@ def _shards(manifest: Manifest | None, stats_path: Path
                        f"eaglebatch job's {STATS_FILE}")
     derived = [c for c in ("draft_steps", "mean_acceptance_length", "per_position_acceptance")
                if c in table.column_names]
-    shards = {row["shard_id"]: _counts_from_stats(row)
-              for row in table.select(columns + derived).to_pylist()}
+    shards: dict[int, Counts] = {}
+    for i, row in enumerate(table.select(columns + derived).to_pylist()):
+        shard = row["shard_id"]
+        try:
+            if not isinstance(shard, int) or shard < 0 or shard in shards:
+                raise ValueError(f"shard_id {'null' if shard is None else repr(shard)} is not "
+                                 "a shard's number, or repeats")
+            shards[shard] = _counts_from_stats(row)
+        except (TypeError, ValueError) as exc:
+            raise JobError(f"{stats_path}: row {i}: {exc}; not an eaglebatch job's {STATS_FILE}, "
+                           f"and there is no readable {MANIFEST_FILE} to report from") from None
     recorded = {}
     if "committed_at" in table.column_names:  # since 2026-12-06
-        when = table.column("committed_at").cast(pa.int64()).to_pylist()  # ms since the epoch
-        recorded = {sid: ms / 1000 for sid, ms in zip(table.column("shard_id").to_pylist(), when,
-                                                      strict=True) if ms is not None}
+        try:  # ms since the epoch
+            when = table.column("committed_at").cast(pa.timestamp("ms")).cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            kind = table.schema.field("committed_at").type
+            raise JobError(f"{stats_path}: committed_at is {kind}, not a time; not an "
+                           f"eaglebatch job's {STATS_FILE}") from None
+        recorded = {sid: ms / 1000 for sid, ms in zip(table.column("shard_id").to_pylist(),
+                                                      when.to_pylist(), strict=True)
+                    if ms is not None}
     return dict(sorted(shards.items())), recorded
 
 
@@ -163,7 +179,11 @@ def _counts_from_stats(row: dict[str, Any]) -> Counts:
     from the per-position rates (accepted at j / steps), and in files without `draft_steps`
     (before 2026-12-07) the steps from the mean acceptance length (1 + accepted / steps), which
     a shard that accepted nothing does not tell (its steps are left out: _steps_unknown)."""
-    counts = Counts(**{c: row[c] for c in _COUNT_COLUMNS})
+    counts = Counts.from_json({c: row[c] for c in _COUNT_COLUMNS})  # TypeError: not a number
+    for name in _COUNT_COLUMNS:
+        value = getattr(counts, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"a shard's '{name}' is {value}")
     steps = row.get("draft_steps")
     length = row.get("mean_acceptance_length")
     if steps is None and counts.accepted and length is not None and length > 1:

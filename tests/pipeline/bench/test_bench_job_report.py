@@ -6,8 +6,10 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 from matplotlib.image import imread
 
@@ -323,6 +325,35 @@ def test_a_damaged_stats_file_without_a_manifest_is_a_user_error(tmp_path: Path)
     assert stderr == (f"error: {stats} lacks the column(s) errors, prompt_tokens, "
                       "completion_tokens, wall_seconds, drafted, accepted: not an eaglebatch "
                       "job's stats.parquet\n")
+    assert not (job / "report.md").exists()
+
+
+@pytest.mark.parametrize("column, values, why", [
+    ("rows", [None], "row 0: a shard's 'rows' is not a number"),
+    ("rows", ["3"], "row 0: a shard's 'rows' is not a number"),
+    ("wall_seconds", [float("nan")], "row 0: a shard's 'wall_seconds' is nan"),
+    ("wall_seconds", [-8.0], "row 0: a shard's 'wall_seconds' is -8.0"),
+    ("shard_id", [None], "row 0: shard_id null is not a shard's number, or repeats"),
+    ("shard_id", [-7], "row 0: shard_id -7 is not a shard's number, or repeats"),
+])
+def test_a_hand_edited_stats_file_without_a_manifest_is_named_not_a_traceback(
+        tmp_path: Path, column: str, values: list[Any], why: str) -> None:
+    """Found by QA: a null or text count, or a null shard id, gave a traceback; a NaN or
+    negative time, a report of 'nan' or '-42.0 tokens/s'."""
+    job = tmp_path / "job"
+    job.mkdir()
+    stats = job / "stats.parquet"
+    row = {"shard_id": [0], "rows": [3], "errors": [0], "prompt_tokens": [40],
+           "completion_tokens": [90], "wall_seconds": [2.0], "drafted": [0], "accepted": [0]}
+    write_parquet(stats, {**row, column: values})
+    code, _, stderr = _report(str(job))
+    assert code == 2
+    assert stderr == (f"error: {stats}: {why}; not an eaglebatch job's stats.parquet, and there "
+                      "is no readable manifest.json to report from\n")
+    write_parquet(stats, {**row, "committed_at": ["yesterday"]})
+    code, _, stderr = _report(str(job))
+    assert (code, stderr) == (2, f"error: {stats}: committed_at is string, not a time; not an "
+                                 "eaglebatch job's stats.parquet\n")
     assert not (job / "report.md").exists()
 
 
