@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from ray.exceptions import RayError, RayTaskError
 from pipeline.atomic import write_bytes_atomically
 from pipeline.bench.markdown import plural
 from pipeline.config import JobConfig, JobError, RayConfig, one_line
+from pipeline.interrupt import JobInterrupted
 from pipeline.job import RunShards, build_engine, shard_context
 from pipeline.shard import ShardContext, ShardHooks, run_shard
 from pipeline.sources import InputPlan, Shard
@@ -58,7 +60,7 @@ def ray_runner(config: JobConfig, plan: InputPlan,
     that runs shards on them. Workers are killed, and a Ray instance started here shut down, on
     exit. Raises JobError before anything is generated when Ray or an engine cannot start."""
     options = config.ray or RayConfig()
-    with _connected(options):
+    with _connected(options, config.overwrite):
         resources = plan_resources(options, config.engine.device, ray.cluster_resources(),
                                    _largest_node_cpus())
         pool = _WorkerPool(config, plan.has_id_column, engine_factory, resources)
@@ -101,21 +103,29 @@ def _amount(count: float, unit: str) -> str:
 
 
 @contextmanager
-def _connected(options: RayConfig) -> Iterator[None]:
+def _connected(options: RayConfig, overwrite: bool = False) -> Iterator[None]:
     """Use the Ray this process is already connected to; else join options.address ("auto": the
     RAY_ADDRESS cluster or the one `ray start` runs here), or start a fresh local instance sized to
     this machine when there is none. Disconnect (and so stop a local instance) only if the
-    connection was made here."""
+    connection was made here. ray.init puts in a SIGTERM handler of its own (sys.exit): the
+    job's handlers are put back once it returns, and a SIGTERM it took is an interrupt."""
     if ray.is_initialized():
         yield
         return
     if options.address is not None:
         _check_reachable(options.address)
+    ours = threading.current_thread() is threading.main_thread()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if ours else {}
     try:
         if options.address is None:
             ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
         else:
             ray.init(address=options.address, logging_level=logging.WARNING)
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        ray.shutdown()
+        raise JobInterrupted(signal.SIGTERM, overwrite) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         if options.address == "auto":  # Ray's message advises flags of its own CLI
             raise JobError("--ray-address auto: no Ray cluster found (none in RAY_ADDRESS, none "
@@ -125,6 +135,9 @@ def _connected(options: RayConfig) -> Iterator[None]:
         where = "a local instance" if options.address is None else repr(options.address)
         raise JobError(f"--ray-address: cannot connect to {where} "
                        f"({one_line(exc)})") from None
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     try:
         yield
     finally:

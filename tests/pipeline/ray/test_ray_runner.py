@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,3 +196,47 @@ def test_malformed_ray_addresses_are_named_before_ray_sees_them() -> None:
             _check_reachable(address)
     for address in ("auto", "local", "ray://head:10001"):
         _check_reachable(address)  # Ray's own forms pass through
+
+
+def test_the_jobs_signal_handlers_outlive_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by QA: ray.init puts in a SIGTERM handler of its own (sys.exit(signum)), so a
+    SIGTERM while the workers started ended the job with status 15 and no word. The job's
+    handlers are put back when ray.init returns, and a SIGTERM that Ray's took while it ran is
+    the job's interrupt (exit 143 in the CLI). (ray.init stands in here for the part that
+    matters: which handler it leaves; a real SIGTERM at start-up was checked by hand.)"""
+    import signal  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from pipeline.config import RayConfig  # noqa: PLC0415
+    from pipeline.ray_runner import _connected  # noqa: PLC0415
+
+    def rays_handler(signum: int, frame: object) -> None:
+        sys.exit(signum)
+
+    def init(term: bool) -> Any:
+        def fake(**kwargs: object) -> None:
+            signal.signal(signal.SIGTERM, rays_handler)
+            if term:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return fake
+
+    def ours(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, ours) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        monkeypatch.setattr(ray, "is_initialized", lambda: False)  # (this module's Ray runs)
+        monkeypatch.setattr(ray, "shutdown", lambda: None)
+        monkeypatch.setattr(ray, "init", init(term=False))
+        with _connected(RayConfig()):
+            assert signal.getsignal(signal.SIGTERM) is ours
+        monkeypatch.setattr(ray, "init", init(term=True))
+        with pytest.raises(JobInterrupted) as err, _connected(RayConfig(), overwrite=True):
+            pass
+        assert err.value.signum == signal.SIGTERM
+        assert str(err.value) == ("interrupted; rerun the same command without --overwrite to "
+                                  "resume (with it, the job starts over)")
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
