@@ -49,7 +49,7 @@ from pipeline.sources import (
 )
 from pipeline.stages.generate import EngineLike
 from pipeline.stages.tokenize import TokenizeOptions
-from pipeline.stats import Counts, summary_line, total, write_stats
+from pipeline.stats import Counts, busy_seconds, shard_spans, summary_line, total, write_stats
 from runtime.config import EngineConfig, PlacementError
 from runtime.engine import Engine
 from runtime.kv.groups import KVCacheBudgetError
@@ -165,7 +165,7 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
                         config.output_dir)
     with runner(config, plan, engine_factory) as run_shards:
         resumed = _prepare_output_dir(config, manifest, unusable)
-        seconds_before = total(manifest.shards.values()).wall_seconds
+        seconds_before = _seconds_before(manifest)
         pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
         bar = Progress(sum(s.num_rows for s in plan.shards),
                        sum(s.num_rows for s in plan.shards if s.shard_id in manifest.shards),
@@ -189,6 +189,16 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
     return JobSummary(total(manifest.shards.values()), manifest.num_shards, resumed,
                       len(pending), manifest.complete,
                       None if config.ray is None else seconds_before + elapsed)
+
+
+def _seconds_before(manifest: Manifest) -> float:
+    """The time in which the earlier runs' shards were generating: their seconds summed
+    overlapped where parallel workers ran them (the report's reckoning, from commit times),
+    and are summed only where some commit time is unknown."""
+    spans = shard_spans(manifest.shards, {s: manifest.committed_at.get(s) for s in manifest.shards})
+    if spans is None:
+        return total(manifest.shards.values()).wall_seconds
+    return busy_seconds(list(spans.values()))
 
 
 def _check_output_dir(output_dir: str, input_spec: str, files: list[InputFile]) -> None:

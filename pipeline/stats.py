@@ -120,6 +120,25 @@ def write_stats(output_dir: str, shards: dict[int, Counts],
     write_bytes_atomically(os.path.join(output_dir, STATS_FILE), buffer.getvalue())
 
 
+def shard_spans(shards: dict[int, Counts], committed: dict[int, float | None]
+           ) -> dict[int, tuple[float, float]] | None:
+    """Each shard's (start, commit) in Unix time, or None unless every commit time is known."""
+    if not committed or any(t is None for t in committed.values()):
+        return None
+    return {s: (t - shards[s].wall_seconds, t) for s, t in committed.items() if t is not None}
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: the time in which any shard was
+    generating. Example: (0, 10), (5, 12), (20, 25) -> 17."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
 def summary_line(c: Counts, seconds: float) -> str:
     """One line for the end of a job, e.g. 'done: 200 rows (1 error), ... 20.0 tokens/s'."""
     rate = c.completion_tokens / seconds if seconds > 0 else 0.0

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pipeline.atomic import write_bytes_atomically
 from pipeline.bench import markdown as md
 from pipeline.bench.job_errors import error_reasons
-from pipeline.bench.job_timeline import busy_seconds, shard_spans, throughput_plot
+from pipeline.bench.job_timeline import throughput_plot
 from pipeline.bench.plots import (
     drop_undrawn,
     plot_acceptance,
@@ -47,7 +47,7 @@ from pipeline.manifest import (
     load_manifest,
     unusable_parts,
 )
-from pipeline.stats import STATS_FILE, Counts, total
+from pipeline.stats import STATS_FILE, Counts, busy_seconds, shard_spans, total
 from runtime.loader import default_drafter
 
 REPORT_FILE = JOB_REPORT_FILE

@@ -14,14 +14,6 @@ from pipeline.stats import Counts
 _Value = TypeVar("_Value")  # what time_segments carries per shard
 
 
-def shard_spans(shards: dict[int, Counts], committed: dict[int, float | None]
-           ) -> dict[int, tuple[float, float]] | None:
-    """Each shard's (start, commit) in Unix time, or None unless every commit time is known."""
-    if not committed or any(t is None for t in committed.values()):
-        return None
-    return {s: (t - shards[s].wall_seconds, t) for s, t in committed.items() if t is not None}
-
-
 def throughput_plot(shards: dict[int, Counts], shard_spans: dict[int, tuple[float, float]] | None,
                      runs: list[dict[str, Any]], path: Path) -> Any:
     """Output tokens/s per shard: a point at each shard's commit, or where a job has more than
@@ -95,14 +87,3 @@ def time_segments(spans: list[tuple[float, float, _Value]], run_starts: list[flo
         run = bisect.bisect_right(run_starts, ended)
         segments.setdefault(run, []).append(((ended - origin) / scale, rate))
     return list(segments.values())
-
-
-def busy_seconds(spans: list[tuple[float, float]]) -> float:
-    """The length of the union of (start, end) intervals: the time in which any shard was
-    generating. Example: (0, 10), (5, 12), (20, 25) -> 17."""
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy

@@ -510,3 +510,21 @@ def test_a_job_refused_for_the_lock_leaves_the_holders_directory(
         run_job(_config(tmp_path, tiny_model_dir), _factory(tiny_engine), progress=False)
     assert os.listdir(out) == [".eaglebatch.lock"]
     holder[0].close()
+
+
+def test_the_seconds_of_earlier_runs_count_parallel_shards_once() -> None:
+    """Found by QA: after a resumed job of 2 Ray workers the done line summed the earlier run's
+    shard seconds (19.9 s, where the report said 15.5 s): overlapping shards count once, as in
+    the report; where a commit time is unknown the seconds are summed."""
+    from pipeline.job import _seconds_before  # noqa: PLC0415
+    from pipeline.manifest import Manifest  # noqa: PLC0415
+    from pipeline.stats import Counts  # noqa: PLC0415
+
+    shards = {0: Counts(wall_seconds=10.0), 1: Counts(wall_seconds=7.0),
+              2: Counts(wall_seconds=5.0)}
+    # shard 0 ran 100-110, shard 1 103-110 beside it, shard 2 112-117 after them
+    manifest = Manifest({}, [], 3, shards, committed_at={0: 110.0, 1: 110.0, 2: 117.0})
+    assert _seconds_before(manifest) == 15.0
+    manifest.committed_at.pop(2)
+    assert _seconds_before(manifest) == 22.0
+    assert _seconds_before(Manifest({}, [], 3)) == 0.0

@@ -323,7 +323,7 @@ def test_a_resumed_jobs_shards_plot_in_separate_runs() -> None:
 
 
 def test_busy_seconds_count_overlapping_shards_once() -> None:
-    from pipeline.bench.job_timeline import busy_seconds  # noqa: PLC0415
+    from pipeline.stats import busy_seconds  # noqa: PLC0415
 
     assert busy_seconds([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0)]) == 17.0
     assert busy_seconds([(0.0, 10.0), (2.0, 3.0)]) == 10.0
