@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -154,9 +155,18 @@ def load_manifest(output_dir: str) -> Manifest | None:
         committed_at = {int(k): float(v)
                         for k, v in _field(data, "committed_at", dict, {}).items()}
         digests = {int(k): str(v) for k, v in _field(data, "part_digests", dict, {}).items()}
-        return Manifest(config, inputs, _field(data, "num_shards", int),
-                        {int(k): Counts.from_json(v) for k, v in shards.items()}, runs,
-                        committed_at, digests)
+        num_shards = _field(data, "num_shards", int)
+        counts = {int(k): Counts.from_json(v) for k, v in shards.items()}
+        outside = sorted(k for k in counts if not 0 <= k < num_shards)
+        if outside:
+            raise ValueError(f"shard {outside[0]} is committed, but the job has shards "
+                             f"0..{num_shards - 1}")
+        for shard, c in counts.items():
+            bad = [name for name, value in c.to_json().items() if name != "accepted_per_position"
+                   and not (math.isfinite(value) and value >= 0)]
+            if bad:
+                raise ValueError(f"shard {shard}'s '{bad[0]}' is {getattr(c, bad[0])}")
+        return Manifest(config, inputs, num_shards, counts, runs, committed_at, digests)
     except (ValueError, TypeError) as exc:
         raise DamagedManifest(path, str(exc)) from None
 

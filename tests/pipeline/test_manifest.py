@@ -75,7 +75,16 @@ def test_no_manifest_and_damaged_manifest(tmp_path: Path) -> None:
             ({"committed_at": 3}, "'committed_at' is a number, not an object"),
             ({"num_shards": "1"}, "'num_shards' is a string, not a number"),
             ({"num_shards": True}, "'num_shards' is true or false, not a number"),
-            ({"runs": {}}, "'runs' is an object, not an array")):
+            ({"runs": {}}, "'runs' is an object, not an array"),
+            # found by QA: a report said "8 of 2 shards committed", -8.0 s, nan tokens/s
+            ({"shards": {"5": Counts(rows=2).to_json()}},
+             f"shard 5 is committed, but the job has shards 0..{good['num_shards'] - 1}"),
+            ({"shards": {"-1": Counts(rows=2).to_json()}},
+             f"shard -1 is committed, but the job has shards 0..{good['num_shards'] - 1}"),
+            ({"shards": {"0": {**Counts(rows=2).to_json(), "wall_seconds": -8.0}}},
+             "shard 0's 'wall_seconds' is -8.0"),
+            ({"shards": {"0": {**Counts(rows=2).to_json(), "wall_seconds": float("nan")}}},
+             "shard 0's 'wall_seconds' is nan")):
         (tmp_path / "manifest.json").write_text(json.dumps({**good, **change}))
         with pytest.raises(JobError) as raised:
             load_manifest(str(tmp_path))
