@@ -304,7 +304,8 @@ def _run(run: dict[str, Any]) -> str:
     runner = str(run.get("runner", "runner unknown"))
     if runner == "ray":
         workers = run.get("workers")
-        runner += f", {workers} workers" if workers else ", workers as the cluster allows"
+        runner += (f", {md.plural(workers, 'worker')}" if isinstance(workers, int) and workers
+                   else ", workers as the cluster allows (--num-workers not given)")
     return f"{when} ({runner})"
 
 

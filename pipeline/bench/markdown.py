@@ -16,9 +16,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _numeric(cell: str) -> bool:
     """'1,234.5', '12%', '±3.1%', '1.46x', '1.46x (1.31-1.52)' (a ratio and its range), '–',
-    and a blank cell (a short row of a table)."""
-    stripped = cell.split(" (")[0].rstrip("x%").replace(",", "").replace("±", "").replace(" ", "")
-    return cell in ("–", "") or stripped.replace(".", "", 1).lstrip("-").isdigit()
+    a blank cell (a short row of a table), and numbers side by side ('74.0% 54.0% 4.0%': the
+    acceptance at each draft position)."""
+    if cell in ("–", "") or _number(cell.split(" (")[0].replace(" ", "")):
+        return True
+    return all(_number(part) for part in cell.split(" ") if part)
+
+
+def _number(text: str) -> bool:
+    stripped = text.rstrip("x%").replace(",", "").replace("±", "")
+    return stripped.replace(".", "", 1).lstrip("-").isdigit()
 
 
 def cell(text: str, limit: int = 160) -> str:

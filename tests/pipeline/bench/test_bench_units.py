@@ -405,3 +405,23 @@ def test_a_job_of_many_shards_plots_its_tokens_per_s_in_stretches(tmp_path: Path
     points = drawn["output tokens/s"]
     assert len(points) == 100 and {rate for _, rate in points} == {10.0}
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_runs_runner_is_described_with_its_workers() -> None:
+    from pipeline.bench.job_report import _run  # noqa: PLC0415
+
+    assert _run({"runner": "local"}) == "start unknown (local)"
+    assert _run({"runner": "ray", "workers": 1}) == "start unknown (ray, 1 worker)"
+    assert _run({"runner": "ray", "workers": 4}) == "start unknown (ray, 4 workers)"
+    assert _run({"runner": "ray", "workers": None}) == (
+        "start unknown (ray, workers as the cluster allows (--num-workers not given))")
+
+
+def test_a_column_of_numbers_side_by_side_is_right_aligned() -> None:
+    """The job report's Totals: the per-position acceptance ('74.0% 54.0% 4.0%') left the whole
+    value column aligned left (found by QA)."""
+    from pipeline.bench.markdown import table  # noqa: PLC0415
+
+    assert table(["total", "value"], [["rows", "282"], ["by position", "74.0% 54.0% 4.0%"]]
+                 ).splitlines()[1] == "| --- | ---: |"
+    assert table(["a"], [["1.46x (1.31-1.52)"], ["–"], ["shipped"]]).splitlines()[1] == "| --- |"
