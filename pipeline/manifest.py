@@ -228,7 +228,11 @@ def check_placement(manifest: Manifest, config: dict[str, Any], output_dir: str)
                          {k: v for k, v in config.items() if k in PLACED}, exclude=())
     if "placement" in old and "placement" in new:  # the options' spelling aside
         old, new = {"placement": old["placement"]}, {"placement": new["placement"]}
-    _refuse_differences(old, new, output_dir)
+    resolved = manifest.config.get("placement")
+    ran = ""
+    if "placement" not in old and isinstance(resolved, dict):  # a local run, then a Ray one
+        ran = "; the job ran with " + ", ".join(f"{k} {v!r}" for k, v in sorted(resolved.items()))
+    _refuse_differences(old, new, output_dir, ran)
 
 
 def _compared(old: dict[str, Any], new: dict[str, Any], exclude: tuple[str, ...]
@@ -242,11 +246,13 @@ def _compared(old: dict[str, Any], new: dict[str, Any], exclude: tuple[str, ...]
             {k: v for k, v in new.items() if keep(k, old)})
 
 
-def _refuse_differences(old: dict[str, Any], new: dict[str, Any], output_dir: str) -> None:
+def _refuse_differences(old: dict[str, Any], new: dict[str, Any], output_dir: str,
+                        why: str = "") -> None:
+    """why: said after the differences."""
     diffs = _differences(old, new)
     if diffs:
-        why = ("; the model's config.json or weights are not those the job started with"
-               if any(d.startswith("model_digest:") for d in diffs) else "")
+        if any(d.startswith("model_digest:") for d in diffs):
+            why += "; the model's config.json or weights are not those the job started with"
         raise JobError(f"{output_dir} holds the outputs of a different job ({'; '.join(diffs)}"
                        f"{why}); rerun with --overwrite to discard them, or choose another "
                        "OUTPUT_DIR")

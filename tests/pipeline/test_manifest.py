@@ -258,3 +258,22 @@ def test_a_save_that_fails_says_which_shards_are_not_committed(
     assert capsys.readouterr().err == ("note: 2 shard(s) written since the manifest's last save "
                                        "are not committed; a rerun generates them again\n")
     assert list(load_manifest(str(tmp_path)).shards) == [0]  # type: ignore[union-attr]
+
+
+def test_a_ray_resume_of_a_local_run_is_told_what_auto_resolved_to(tmp_path: Path) -> None:
+    """Ray's workers resolve 'auto' for themselves, so the options are compared as given; the
+    refusal said "'auto' -> 'torch'" where the local run had run on the C++ kernels (found by
+    QA). It now says what the job ran with."""
+    from pipeline.manifest import check_placement  # noqa: PLC0415
+
+    placed = {"device": "auto", "dtype": "float32", "attention_backend": "auto",
+              "placement": {"device": "cpu", "dtype": "float32", "attention_backend": "cpu"}}
+    manifest = Manifest({**_manifest().config, **placed}, [], 3)
+    check_placement(manifest, {k: v for k, v in placed.items() if k != "placement"}, "out")
+    with pytest.raises(JobError) as err:
+        check_placement(manifest, {"device": "auto", "dtype": "float32",
+                                   "attention_backend": "torch"}, "out")
+    assert str(err.value) == (
+        "out holds the outputs of a different job (attention_backend: 'auto' -> 'torch'; the job "
+        "ran with attention_backend 'cpu', device 'cpu', dtype 'float32'); rerun with "
+        "--overwrite to discard them, or choose another OUTPUT_DIR")
