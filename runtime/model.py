@@ -7,6 +7,7 @@ dict[layer_name, AttentionMetadata]; every layer looks up its own entry.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -292,7 +293,6 @@ class CausalLM(nn.Module):
         pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
         seen: set[str] = set()
         ignored: set[str] = set()
-        tied = getattr(self.config, "tie_word_embeddings", False)
         with torch.no_grad():
             for name, tensor in pairs:
                 if name in params:
@@ -302,12 +302,36 @@ class CausalLM(nn.Module):
                             f"{tuple(tensor.shape)}, the config gives {tuple(params[name].shape)}")
                     params[name].copy_(tensor)
                     seen.add(name)
-                elif "rotary_emb" not in name and not (name == "lm_head.weight" and tied):
-                    ignored.add(name)  # (a head tied on construction is the embedding's)
+                elif "rotary_emb" not in name:
+                    ignored.add(name)
         missing = set(params) - seen
-        if tied:
+        if getattr(self.config, "tie_word_embeddings", False):
             missing.discard("lm_head.weight")
         if missing or ignored:
             raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
                              f"unexpected {sorted(ignored)[:5]}")
         return seen
+
+    def untie_head(self) -> None:
+        """A head of its own, so that load_weights can read a head the checkpoint stores;
+        tie_head then ties it as the checkpoint says."""
+        weight = self.model.embed_tokens.weight
+        if self.lm_head.weight is weight:
+            self.lm_head.weight = nn.Parameter(torch.empty_like(weight))
+
+    def tie_head(self, loaded: set[str], source: object) -> None:
+        """After load_weights (which returned `loaded`): the head is the embedding where
+        config.json ties them (tie_word_embeddings), unless the checkpoint (`source`, named in
+        a note) holds a head of other values, which transformers then keeps, untied (and
+        warns); so is it here."""
+        if not getattr(self.config, "tie_word_embeddings", False):
+            return
+        head, embedding = self.lm_head.weight, self.model.embed_tokens.weight
+        assert isinstance(head, torch.Tensor)
+        if "lm_head.weight" in loaded and not torch.equal(head, embedding):
+            print(f"note: {source} ties the LM head to the embedding (tie_word_embeddings), but "
+                  "its weights hold a head of other values: that head is used, untied, as "
+                  "transformers does; set tie_word_embeddings to false to say so",
+                  file=sys.stderr)
+            return
+        self.lm_head.weight = embedding

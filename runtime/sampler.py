@@ -111,8 +111,9 @@ def target_probs(logits: Tensor, st: SamplingTensors, positions_per_row: int) ->
     greedy = per_row(st.greedy)  # [rows, 1]
     temperature = torch.where(greedy, 1.0, per_row(st.temperature))  # greedy: avoid 0-division
     scaled = logits / temperature
-    if st.filtered:
-        probs = _top_k_top_p_probs(scaled, per_row(st.top_k), per_row(st.top_p))
+    if st.filtered:  # (a greedy row's filters are moot: it gets a one-hot below)
+        probs = _top_k_top_p_probs(scaled, torch.where(greedy, 0, per_row(st.top_k)),
+                                   torch.where(greedy, 1.0, per_row(st.top_p)))
     else:
         probs = torch.softmax(scaled, dim=-1)
     one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
@@ -151,9 +152,9 @@ def _top_k_top_p_probs(
     inside = k <= candidates
     values = values.masked_fill(torch.arange(candidates, device=scaled.device) >= k,
                                float("-inf"))
-    normalizer = torch.where(inside, values.logsumexp(-1, keepdim=True),
-                             scaled.logsumexp(-1, keepdim=True))
-    probs = (values - normalizer).exp()
+    # (softmax, not logsumexp: a reduction over one row may be split among threads when the
+    # row is alone, and then sum in another order than in a batch)
+    probs = torch.where(inside, torch.softmax(values, dim=-1), out.gather(-1, ids))
     mass = probs.cumsum(dim=-1)
     short = inside | ((k >= vocab) & (mass[:, -1:] >= top_p))  # the candidates decide top-p
     drop = (mass - probs >= top_p) & (top_p < 1.0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -77,28 +76,15 @@ def build_model(model_dir: Path, hf_config: PretrainedConfig, p: Placement,
     model = model.to_empty(device=p.device)  # in its dtype: no float32 copy of 16-bit weights
     # rope tables are computed, not loaded: rebuild them off the meta device
     model.rope = RotaryEmbedding(hf_config, head_dim_of(hf_config), max_positions).to(p.device)
+    model.untie_head()  # (to_empty has untied it already)
     loaded = model.load_weights(iter_state_dict(model_dir, p.dtype, p.device))  # one at a time
-    if getattr(hf_config, "tie_word_embeddings", False) and _ties(model, loaded, model_dir):
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model.tie_head(loaded, model_dir)
     model = model.to(p.dtype).eval()
     if p.device.type == "cpu":
         lay_out_for_cpu(model, q4=q4, release_weights=True)
         _release_head_weight(model)
     model.q4_panels = q4
     return model
-
-
-def _ties(model: CausalLM, loaded: set[str], model_dir: Path) -> bool:
-    """Whether a head that config.json ties to the embedding is tied: not where the checkpoint
-    holds a head of other values, which transformers then keeps, untied (and warns)."""
-    head, embedding = model.lm_head.weight, model.model.embed_tokens.weight
-    assert isinstance(head, torch.Tensor)
-    if "lm_head.weight" not in loaded or torch.equal(head, embedding):
-        return True
-    print(f"note: {model_dir} ties the LM head to the embedding (tie_word_embeddings), but its "
-          "weights hold a head of other values: that head is used, untied, as transformers "
-          "does; set tie_word_embeddings to false to say so", file=sys.stderr)
-    return False
 
 
 def _release_head_weight(model: CausalLM) -> None:

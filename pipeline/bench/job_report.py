@@ -186,13 +186,19 @@ def _counts_from_stats(row: dict[str, Any]) -> Counts:
             raise ValueError(f"a shard's '{name}' is {value}")
     steps = row.get("draft_steps")
     length = row.get("mean_acceptance_length")
+    rates = row.get("per_position_acceptance") or []
+    if steps is not None and not (isinstance(steps, int) and steps >= 0):
+        raise ValueError(f"a shard's 'draft_steps' is {steps}")
+    if length is not None and not (isinstance(length, float) and math.isfinite(length)):
+        raise ValueError(f"a shard's 'mean_acceptance_length' is {length}")
+    if not all(isinstance(r, float) and math.isfinite(r) and r >= 0 for r in rates):
+        raise ValueError(f"a shard's 'per_position_acceptance' is {rates}")
     if steps is None and counts.accepted and length is not None and length > 1:
         steps = round(counts.accepted / (length - 1))
     if steps is None:  # 0 accepted: the shard adds nothing to the rates' numerators
         return counts
     counts.draft_steps = steps
-    counts.accepted_per_position = [round(rate * steps)
-                                    for rate in row.get("per_position_acceptance") or []]
+    counts.accepted_per_position = [round(rate * steps) for rate in rates]
     return counts
 
 

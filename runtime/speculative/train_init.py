@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 def load_target(model_dir: Path, config: Any) -> CausalLM:
     target = CausalLM(config, "torch", config.max_position_embeddings)
-    target.load_weights(load_state_dict(model_dir, torch.float32))
+    target.untie_head()  # a head of other values that a tied checkpoint holds is its head
+    target.tie_head(target.load_weights(load_state_dict(model_dir, torch.float32)), model_dir)
     target.requires_grad_(False)
     return target.eval()
 

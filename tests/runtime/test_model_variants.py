@@ -254,6 +254,8 @@ def test_a_tied_config_with_a_head_of_other_values_uses_that_head_as_transformer
     from safetensors.torch import load_file, save_file  # noqa: PLC0415
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
+    from runtime.speculative.train_init import load_target  # noqa: PLC0415
+
     prompt = [5, 9, 33, 12, 80, 7]
     for differs in (True, False):
         model_dir = make_tiny_checkpoint(tmp_path / str(differs), tie_word_embeddings=True)
@@ -275,3 +277,8 @@ def test_a_tied_config_with_a_head_of_other_values_uses_that_head_as_transformer
                 "its weights hold a head of other values: that head is used, untied, as "
                 "transformers does; set tie_word_embeddings to false to say so")
         assert (note in " ".join(capfd.readouterr().err.split())) is differs
+        # train-drafter's target (built without the engine) reads the same head (found by
+        # review: it trained against the embedding)
+        target = load_target(model_dir, reference.config)
+        assert torch.equal(target.lm_head.weight, weights["lm_head.weight"])
+        assert (target.lm_head.weight is target.model.embed_tokens.weight) is not differs

@@ -159,8 +159,8 @@ def test_top_k_top_p_among_candidates_keep_what_sorting_the_vocabulary_keeps(
         if trial % 8 == 7 and trial % 4:  # peaked and untied: only top_k 2 * CANDIDATES sorts all
             assert sorted_rows[-1] == 1
         # the cumulative mass is summed in another order: a token whose mass before it is
-        # top_p up to rounding may be kept by one and not the other (trial 11: row 8's top_p
-        # 0.999 keeps 797 tokens, and 796 when the whole vocabulary is sorted)
+        # top_p up to rounding may be kept by one and not the other (row 8's top_p 0.999; with
+        # a logsumexp for the normalizer, trial 11 kept 797 tokens against 796)
         differ = ((fast > 0) != (full > 0)).sum(-1)
         assert differ[:-1].sum() == 0 and differ[-1] <= 1
         torch.testing.assert_close(fast, full, rtol=0, atol=1e-5)
@@ -183,3 +183,38 @@ def test_greedy_rows_are_those_that_sampling_params_calls_greedy() -> None:
         True, False, True, False]
     st = make_sampling_tensors(temperatures, [0] * 4, [1.0] * 4, "cpu")
     assert st.greedy.tolist() == [True, False, True, False]
+
+
+def test_a_rows_top_p_does_not_depend_on_the_batch_on_two_threads() -> None:
+    """Found by review: the first version normalized the candidates by a logsumexp over the
+    whole vocabulary, which two threads split for a row alone and not in a batch: at a top_p
+    on the edge a row kept 2 tokens in a batch of 8 and 1 alone. (The search for such a top_p
+    uses that logsumexp's two sums.)"""
+    from runtime.sampler import CANDIDATES, _top_k_top_p_probs  # noqa: PLC0415
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(0)
+        found = 0
+        for _ in range(200):
+            s = torch.randn(8, 49152, generator=g) * 3
+            batched_lse, alone_lse = s.logsumexp(-1, keepdim=True)[:1], s[:1].logsumexp(-1, True)
+            if torch.equal(batched_lse, alone_lse):
+                continue
+            v = s[:1].topk(CANDIDATES).values
+            before = [((v - lse).exp().cumsum(-1) - (v - lse).exp())[0]
+                      for lse in (batched_lse, alone_lse)]
+            edges = [max(a, b) for a, b in zip(before[0].tolist(), before[1].tolist(),
+                                               strict=True) if a != b][:3]
+            for top_p in edges:
+                p = torch.full((8, 1), top_p)
+                k = torch.zeros(8, 1, dtype=torch.int64)
+                assert torch.equal(_top_k_top_p_probs(s, k, p)[0],
+                                   _top_k_top_p_probs(s[:1], k[:1], p[:1])[0])
+                found += 1
+            if found >= 6:
+                break
+        assert found >= 6
+    finally:
+        torch.set_num_threads(threads)

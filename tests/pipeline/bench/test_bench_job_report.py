@@ -335,6 +335,9 @@ def test_a_damaged_stats_file_without_a_manifest_is_a_user_error(tmp_path: Path)
     ("wall_seconds", [-8.0], "row 0: a shard's 'wall_seconds' is -8.0"),
     ("shard_id", [None], "row 0: shard_id null is not a shard's number, or repeats"),
     ("shard_id", [-7], "row 0: shard_id -7 is not a shard's number, or repeats"),
+    ("draft_steps", [-3], "row 0: a shard's 'draft_steps' is -3"),  # found by review
+    ("per_position_acceptance", [[float("inf")]],
+     "row 0: a shard's 'per_position_acceptance' is [inf]"),
 ])
 def test_a_hand_edited_stats_file_without_a_manifest_is_named_not_a_traceback(
         tmp_path: Path, column: str, values: list[Any], why: str) -> None:
