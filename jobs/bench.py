@@ -69,7 +69,9 @@ def _ints(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, 
               type=click.FloatRange(0, 1, max_open=True), callback=finite,
               help="As in `generate`: drafts are cut, and drafting stops, where the drafter's "
                    "probability of the drafts so far falls below this (a greedy request alone "
-                   "still verifies the draft that fell below); 0 always drafts k.")
+                   "still verifies the draft that fell below); 0 always drafts k. Not applied "
+                   "with random weights or `--drafter random` (their confidence means nothing): "
+                   "k drafts every step.")
 @click.option("--draft-max-batch", default=0, show_default=True, type=click.IntRange(0),
               help="As in `generate`: greedy requests get no drafts in steps with more than "
                    "this many requests. 0 (here the default): the k > 0 variants draft at every "
