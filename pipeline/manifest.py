@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -162,10 +161,8 @@ def load_manifest(output_dir: str) -> Manifest | None:
             raise ValueError(f"shard {outside[0]} is committed, but the job has shards "
                              f"0..{num_shards - 1}")
         for shard, c in counts.items():
-            bad = [name for name, value in c.to_json().items() if name != "accepted_per_position"
-                   and not (math.isfinite(value) and value >= 0)]
-            if bad:
-                raise ValueError(f"shard {shard}'s '{bad[0]}' is {getattr(c, bad[0])}")
+            if (bad := c.impossible()) is not None:
+                raise ValueError(f"shard {shard}'s '{bad}' is {getattr(c, bad)}")
         return Manifest(config, inputs, num_shards, counts, runs, committed_at, digests)
     except (ValueError, TypeError) as exc:
         raise DamagedManifest(path, str(exc)) from None

@@ -14,6 +14,7 @@ All three are null (empty list) when nothing was drafted.
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -81,6 +82,13 @@ class Counts:
                                 f"{'an array of numbers' if listed else 'a number'}")
         return counts
 
+    def impossible(self) -> str | None:
+        """The first count that is negative or not finite (a hand-edited file), or None."""
+        for name, value in asdict(self).items():
+            if name != "accepted_per_position" and not (math.isfinite(value) and value >= 0):
+                return name
+        return None
+
     def derived(self) -> dict[str, Any]:
         """The rates of the module docstring."""
         steps = self.draft_steps
@@ -121,7 +129,7 @@ def write_stats(output_dir: str, shards: dict[int, Counts],
 
 
 def shard_spans(shards: dict[int, Counts], committed: dict[int, float | None]
-           ) -> dict[int, tuple[float, float]] | None:
+                ) -> dict[int, tuple[float, float]] | None:
     """Each shard's (start, commit) in Unix time, or None unless every commit time is known."""
     if not committed or any(t is None for t in committed.values()):
         return None

@@ -192,7 +192,7 @@ def _as_ids(value: object, source: Path) -> set[int]:
     if value is None:
         return set()
     values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    if not all(_whole(v) for v in values):
         raise ValueError(f"{source}: eos_token_id is {json.dumps(value)}; expected a token id or a "
                          "list of token ids")
     return set(values)

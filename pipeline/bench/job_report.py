@@ -180,10 +180,8 @@ def _counts_from_stats(row: dict[str, Any]) -> Counts:
     (before 2026-12-07) the steps from the mean acceptance length (1 + accepted / steps), which
     a shard that accepted nothing does not tell (its steps are left out: _steps_unknown)."""
     counts = Counts.from_json({c: row[c] for c in _COUNT_COLUMNS})  # TypeError: not a number
-    for name in _COUNT_COLUMNS:
-        value = getattr(counts, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"a shard's '{name}' is {value}")
+    if (bad := counts.impossible()) is not None:
+        raise ValueError(f"a shard's '{bad}' is {getattr(counts, bad)}")
     steps = row.get("draft_steps")
     length = row.get("mean_acceptance_length")
     rates = row.get("per_position_acceptance") or []
