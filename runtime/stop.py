@@ -8,7 +8,7 @@ from runtime.sequence import Sequence
 
 # Extra tokens decoded around a stop string, so one split across tokens is still seen.
 _STOP_WINDOW_SLACK = 4
-_PARTIAL = "\ufffd"  # what a decoder gives for bytes that do not complete a character
+PARTIAL = "\ufffd"  # what a decoder gives for bytes that do not complete a character
 
 
 class StopChecker:
@@ -38,8 +38,8 @@ class StopChecker:
         window = seq.output_token_ids[-(longest + _STOP_WINDOW_SLACK):]
         text = str(self.tokenizer.decode(window, skip_special_tokens=True))
         if len(window) < seq.num_output_tokens:  # begins inside the output, maybe mid-character
-            text = text.lstrip(_PARTIAL)
-        text = text.rstrip(_PARTIAL)
+            text = text.lstrip(PARTIAL)
+        text = text.rstrip(PARTIAL)
         found = [(text.find(stop), i) for i, stop in enumerate(seq.params.stop) if stop in text]
         if not found:
             return None

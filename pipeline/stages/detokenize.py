@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.request import Completion
-
-_PARTIAL = "\ufffd"  # what a decoder gives for bytes that do not complete a character
+from runtime.stop import PARTIAL
 
 
 def detokenize(completions: Sequence[Completion], tokenizer: Any) -> list[str]:
@@ -23,7 +22,7 @@ def detokenize(completions: Sequence[Completion], tokenizer: Any) -> list[str]:
         return []
     texts = tokenizer.batch_decode([list(c.token_ids) for c in completions],
                                    skip_special_tokens=True)
-    return [cut_at_stop(str(text).rstrip(_PARTIAL), c.stop_string)
+    return [cut_at_stop(str(text).rstrip(PARTIAL), c.stop_string)
             for text, c in zip(texts, completions, strict=True)]
 
 
