@@ -19,6 +19,7 @@ from runtime.config import (
     CLI_DRAFT_NGRAM_TOKENS,
     DEFAULT_MODEL,
     MAX_DRAFT_TOKENS,
+    MAX_PENALTY,
     MAX_TOP_K,
     EngineConfig,
 )
@@ -145,6 +146,22 @@ def main() -> None:
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0, MAX_TOP_K),
               help="Sample among the k most likely tokens only (0 = off). A top_k column "
                    "overrides it.")
+@click.option("--repetition-penalty", default=1.0, show_default=True,
+              type=click.FloatRange(0, min_open=True), callback=finite,
+              help="Divide the logit of every token already in the prompt or the completion by "
+                   "this where it is positive, multiply it where not (1 = off; above 1 "
+                   "discourages repeats; as transformers' and vLLM's repetition_penalty). "
+                   "Applies to greedy decoding too. A repetition_penalty column overrides it.")
+@click.option("--frequency-penalty", default=0.0, show_default=True,
+              type=click.FloatRange(-MAX_PENALTY, MAX_PENALTY), callback=finite,
+              help="Subtract this times a token's count in the completion so far from its logit "
+                   "(0 = off; as OpenAI's and vLLM's frequency_penalty). A frequency_penalty "
+                   "column overrides it.")
+@click.option("--presence-penalty", default=0.0, show_default=True,
+              type=click.FloatRange(-MAX_PENALTY, MAX_PENALTY), callback=finite,
+              help="Subtract this from the logit of every token that occurs in the completion "
+                   "so far (0 = off; as OpenAI's and vLLM's presence_penalty). A "
+                   "presence_penalty column overrides it.")
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens; each row draws "
                    "from its own seed, derived from this one and the row id (rows with the same "
@@ -318,8 +335,9 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         output_prefix=o["output_prefix"],
         chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
         overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
-        top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]), engine=engine,
-        ray=ray)
+        top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]),
+        repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
+        presence_penalty=o["presence_penalty"], engine=engine, ray=ray)
 
 
 from jobs.bench import bench, report  # noqa: E402  (registered once main exists)

@@ -52,7 +52,7 @@ def check_messages_template(messages_column: str | None, chat_template: bool) ->
 @dataclass(frozen=True)
 class JobConfig:
     """One `eaglebatch generate` job. The sampling fields are the defaults for every row; optional
-    input columns (max_tokens, temperature, top_p, top_k, seed, stop) override them row by row."""
+    input columns (pipeline.schema.OVERRIDE_COLUMNS) override them row by row."""
 
     input: str
     output_dir: str
@@ -71,6 +71,9 @@ class JobConfig:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     engine: EngineConfig = field(default_factory=EngineConfig)
     ray: RayConfig | None = None  # None: the local runner (one engine in this process)
 
@@ -93,7 +96,17 @@ class JobConfig:
     def sampling_params(self) -> SamplingParams:
         """The job-wide defaults as engine SamplingParams (rows may override fields)."""
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
-                              top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop)
+                              top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop,
+                              repetition_penalty=self.repetition_penalty,
+                              frequency_penalty=self.frequency_penalty,
+                              presence_penalty=self.presence_penalty)
+
+    def _penalties(self) -> dict[str, float]:
+        """The penalties that are on (manifests of jobs without them stay resumable)."""
+        return {name: value for name, value, off in (
+            ("repetition_penalty", self.repetition_penalty, 1.0),
+            ("frequency_penalty", self.frequency_penalty, 0.0),
+            ("presence_penalty", self.presence_penalty, 0.0)) if value != off}
 
     def placement_options(self) -> dict[str, str]:
         """Where the engine runs, as given: the attention backends sum in other orders and a GPU
@@ -122,7 +135,7 @@ class JobConfig:
             "max_model_len": self.engine.max_model_len,
             "sampling": {"max_tokens": self.max_tokens, "temperature": self.temperature,
                          "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
-                         "stop": list(self.stop)},
+                         "stop": list(self.stop), **self._penalties()},
             "columns": {"prompt": self.prompt_column, "id": self.id_column,
                         "messages": self.messages_column,
                         # only where given: the manifests of jobs without it stay resumable

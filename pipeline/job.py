@@ -13,12 +13,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 from pipeline.atomic import remove_stale_temps, write_bytes_atomically
 from pipeline.bench.metrics import BENCH_FILE
 from pipeline.config import JobConfig, JobError, one_line
 from pipeline.interrupt import StopFlag, rerun_hint, stop_on_signals
+from pipeline.job_engine import build_engine, shard_context
 from pipeline.manifest import (
     JOB_REPORT_FILE,
     JOB_REPORT_TITLE,
@@ -37,7 +38,7 @@ from pipeline.manifest import (
 )
 from pipeline.progress import Progress
 from pipeline.schema import OVERRIDE_COLUMNS
-from pipeline.shard import ShardContext, ShardHooks, run_shard
+from pipeline.shard import ShardHooks, run_shard
 from pipeline.sources import (
     InputFile,
     InputPlan,
@@ -48,11 +49,9 @@ from pipeline.sources import (
     scan_inputs,
 )
 from pipeline.stages.generate import EngineLike
-from pipeline.stages.tokenize import TokenizeOptions
 from pipeline.stats import Counts, busy_seconds, shard_spans, summary_line, total, write_stats
 from runtime.config import EngineConfig, PlacementError
 from runtime.engine import Engine
-from runtime.kv.groups import KVCacheBudgetError
 from runtime.setup import place
 
 
@@ -348,49 +347,6 @@ def _prepare_output_dir(config: JobConfig, manifest: Manifest, unusable: dict[in
     if not manifest.complete and os.path.exists(success):
         os.remove(success)
     return len(manifest.shards)
-
-
-_Engine = TypeVar("_Engine", bound=EngineLike)
-
-
-def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfig) -> _Engine:
-    """factory(config); a model or drafter that cannot load (OSError, ValueError) becomes a
-    user error naming them."""
-    try:
-        return factory(config)
-    except PlacementError as exc:
-        raise JobError(str(exc)) from None
-    except KVCacheBudgetError as exc:
-        given = "(default)" if config.kv_cache_memory is None else config.kv_cache_memory
-        raise JobError(f"--kv-cache-memory {given}: {one_line(exc)}") from None
-    except (OSError, ValueError) as exc:
-        what = f"--model {config.model}"
-        if config.drafter:
-            what += f" / --drafter {config.drafter}"
-        raise JobError(f"cannot load {what}: {one_line(exc)}") from None
-
-
-def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) -> ShardContext:
-    has_template = bool(getattr(engine.tokenizer, "chat_template", None))
-    if config.messages_column is not None and not has_template:
-        raise JobError(f"--messages-column {config.messages_column}: the tokenizer of "
-                       f"{engine.model_name} has no chat template to render messages with")
-    if config.messages_column is None and config.chat_template and not has_template:
-        print(f"note: the tokenizer of {engine.model_name} has no chat template: prompts are "
-              "tokenized as raw text, as with --no-chat-template", file=sys.stderr)
-    if engine.max_model_len > engine.model_context:
-        print(f"note: --max-model-len {engine.max_model_len} is past the context of "
-              f"{engine.model_name} ({engine.model_context} tokens): positions beyond it are "
-              "ones the model was not trained on", file=sys.stderr)
-    if engine.unapplied_generation_config:
-        print(f"note: the generation_config.json of {engine.model_name} sets "
-              f"{', '.join(engine.unapplied_generation_config)}, which transformers' generate "
-              "applies and eaglebatch does not", file=sys.stderr)
-    options = TokenizeOptions(config.prompt_column, config.messages_column,
-                              config.chat_template and has_template, engine.max_model_len,
-                              config.sampling_params())
-    return ShardContext(engine, options, config.n, config.id_column, has_id_column,
-                        config.output_dir, config.output_prefix)
 
 
 @contextmanager

@@ -35,7 +35,8 @@ from pipeline.atomic import write_bytes_atomically
 from pipeline.bench.markdown import plural
 from pipeline.config import JobConfig, JobError, RayConfig, one_line
 from pipeline.interrupt import JobInterrupted
-from pipeline.job import RunShards, build_engine, shard_context
+from pipeline.job import RunShards
+from pipeline.job_engine import build_engine, shard_context
 from pipeline.shard import ShardContext, ShardHooks, run_shard
 from pipeline.sources import InputPlan, Shard
 from pipeline.stages.generate import EngineLike

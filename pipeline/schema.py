@@ -46,7 +46,10 @@ OUTPUT_FIELDS: tuple[pa.Field, ...] = (
 SAMPLE_INDEX_FIELD = pa.field("sample_index", pa.int32())
 
 # Optional input columns that override the job's sampling options row by row.
-OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                    "repetition_penalty", "frequency_penalty", "presence_penalty")
+_NUMBER_COLUMNS = ("temperature", "top_p", "repetition_penalty", "frequency_penalty",
+                   "presence_penalty")
 
 
 def output_fields(prefix: str = "") -> tuple[pa.Field, ...]:
@@ -114,14 +117,14 @@ def _override_type_ok(name: str, t: pa.DataType) -> bool:
         return True
     if name in ("max_tokens", "top_k", "seed"):
         return bool(pa.types.is_integer(t))
-    if name in ("temperature", "top_p"):
+    if name in _NUMBER_COLUMNS:
         return bool(pa.types.is_floating(t) or pa.types.is_integer(t))
     # stop: list<null> is what pyarrow infers for lists that are all empty (or all null)
     return _is_list(t) and (is_string(t.value_type) or pa.types.is_null(t.value_type))
 
 
 _OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "top_k": "an integer", "seed": "an integer",
-                        "temperature": "a number", "top_p": "a number", "stop": "list<string>"}
+                        "stop": "list<string>", **{name: "a number" for name in _NUMBER_COLUMNS}}
 
 
 def schema_difference(schema: pa.Schema, first: pa.Schema) -> str | None:

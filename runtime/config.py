@@ -38,6 +38,7 @@ GREEDY_BELOW = 1e-5
 
 
 MAX_TOP_K = 2**31 - 1  # (a top-k at or above the vocabulary's size is no cut at all)
+MAX_PENALTY = 2.0  # frequency and presence penalties lie in [-2, 2], as in OpenAI's API and vLLM
 MAX_DRAFT_TOKENS = 32  # k: a verification of more rows costs more than drafts save anywhere
 
 
@@ -53,6 +54,10 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # runtime.penalties: 1 / 0 / 0 are off
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -67,10 +72,24 @@ class SamplingParams:
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError("repetition_penalty must be a finite number > 0 (1 = off), got "
+                             f"{self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # NaN fails too
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] "
+                                 f"(0 = off), got {value}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty applies (runtime.penalties): the logits change with the tokens so far."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
 
 
 # `eaglebatch generate` and `bench` default for EngineConfig.draft_confidence (measured with the

@@ -12,6 +12,7 @@ from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
 from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
+from runtime.penalties import penalize
 from runtime.sampler import make_sampling_tensors, position_uniforms, target_probs
 from runtime.scheduler import SchedulerOutput
 from runtime.speculative.rejection_sampler import (
@@ -90,16 +91,23 @@ class ModelRunner:
         drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
-        if all(s.params.greedy for s in seqs):
+        penalized = any(s.params.penalized for s in seqs)
+        if all(s.params.greedy for s in seqs) and not penalized:
             best = (self.exact_head.argmax(selected) if self.exact_head is not None
                     else argmax_rows(self.model.compute_logits(selected)))
             argmax = best.index_select(0, padded_index).view(len(rows), width + 1)
             sampled = greedy_verify(drafts, num_drafts, argmax)
             return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
+        logits = self.model.compute_logits(selected).float()
+        if penalized:
+            penalize(logits, seqs, [r.draft_token_ids for r in rows])
+        if all(s.params.greedy for s in seqs):
+            argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
+            sampled = greedy_verify(drafts, num_drafts, argmax)
+            return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
         st = make_sampling_tensors([s.params.temperature for s in seqs],
                                    [s.params.top_k for s in seqs],
                                    [s.params.top_p for s in seqs], self.device)
-        logits = self.model.compute_logits(selected)
         probs = target_probs(logits.index_select(0, padded_index), st, width + 1)
         # each emitted token's uniform, keyed by its index in the sequence
         uniforms = position_uniforms([s.params.seed for s in seqs],

@@ -16,7 +16,7 @@ import torch
 from pipeline.bench.metrics import ENGINE, RunRecord
 from pipeline.bench.workload import Workload
 from pipeline.config import JobError
-from pipeline.job import build_engine
+from pipeline.job_engine import build_engine
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.model import head_dim_of

@@ -388,7 +388,12 @@ def test_generation_config_fields_the_engine_does_not_apply_are_named(
     assert result.exit_code == 0, result.output
     assert (f"note: the generation_config.json of {model} sets repetition_penalty 1.05, "
             "suppress_tokens [5, 6], which transformers' generate applies and eaglebatch does "
-            "not\n") in result.stderr
+            "not (--repetition-penalty applies one)\n") in result.stderr
+    # a job that sets its own repetition penalty applies it: the note names the rest
+    penalized = _generate(model, inputs, tmp_path / "out3", "--max-tokens", "2",
+                          "--repetition-penalty", "1.05")
+    assert (f"note: the generation_config.json of {model} sets suppress_tokens [5, 6], which "
+            "transformers' generate applies and eaglebatch does not\n") in penalized.stderr
     plain = _generate(tiny_model_dir, inputs, tmp_path / "out2", "--max-tokens", "2")
     assert "generation_config" not in plain.stderr
 

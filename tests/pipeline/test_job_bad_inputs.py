@@ -17,7 +17,8 @@ import pytest
 import pipeline.shard
 from pipeline.atomic import write_atomically
 from pipeline.config import JobConfig, JobError
-from pipeline.job import build_engine, run_job
+from pipeline.job import run_job
+from pipeline.job_engine import build_engine
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest

@@ -116,6 +116,11 @@ def test_a_different_job_is_refused_naming_what_changed() -> None:
         check_resumable(prefixed, m.config, INPUTS, "out")
     with pytest.raises(JobError, match=r"\(columns.output_prefix: not given -> 'a_'\)"):
         check_resumable(m, prefixed.config, INPUTS, "out")
+    # so are the penalties: a job from before they existed stays resumable
+    penalized = _manifest(repetition_penalty=1.1)
+    with pytest.raises(JobError, match=r"\(sampling.repetition_penalty: not given -> 1.1\)"):
+        check_resumable(m, penalized.config, INPUTS, "out")
+    assert "repetition_penalty" not in json.dumps(m.config)
 
 
 @pytest.mark.parametrize(("inputs", "change"), [

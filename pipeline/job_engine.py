@@ -1,0 +1,67 @@
+"""The engine a job runs on, built from its options (an engine that cannot be built is a user
+error naming the option), and the context its shards run in, with the notes a user should read
+about the model before the job starts."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+from pipeline.config import JobConfig, JobError, one_line
+from pipeline.shard import ShardContext
+from pipeline.stages.generate import EngineLike
+from pipeline.stages.tokenize import TokenizeOptions
+from runtime.config import EngineConfig, PlacementError
+from runtime.kv.groups import KVCacheBudgetError
+
+_Engine = TypeVar("_Engine", bound=EngineLike)
+
+
+def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfig) -> _Engine:
+    """factory(config); a model or drafter that cannot load (OSError, ValueError) becomes a
+    user error naming them."""
+    try:
+        return factory(config)
+    except PlacementError as exc:
+        raise JobError(str(exc)) from None
+    except KVCacheBudgetError as exc:
+        given = "(default)" if config.kv_cache_memory is None else config.kv_cache_memory
+        raise JobError(f"--kv-cache-memory {given}: {one_line(exc)}") from None
+    except (OSError, ValueError) as exc:
+        what = f"--model {config.model}"
+        if config.drafter:
+            what += f" / --drafter {config.drafter}"
+        raise JobError(f"cannot load {what}: {one_line(exc)}") from None
+
+
+def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) -> ShardContext:
+    has_template = bool(getattr(engine.tokenizer, "chat_template", None))
+    if config.messages_column is not None and not has_template:
+        raise JobError(f"--messages-column {config.messages_column}: the tokenizer of "
+                       f"{engine.model_name} has no chat template to render messages with")
+    if config.messages_column is None and config.chat_template and not has_template:
+        print(f"note: the tokenizer of {engine.model_name} has no chat template: prompts are "
+              "tokenized as raw text, as with --no-chat-template", file=sys.stderr)
+    if engine.max_model_len > engine.model_context:
+        print(f"note: --max-model-len {engine.max_model_len} is past the context of "
+              f"{engine.model_name} ({engine.model_context} tokens): positions beyond it are "
+              "ones the model was not trained on", file=sys.stderr)
+    if unapplied := _unapplied_generation_config(engine.unapplied_generation_config, config):
+        hint = (" (--repetition-penalty applies one)"
+                if any(f.startswith("repetition_penalty ") for f in unapplied) else "")
+        print(f"note: the generation_config.json of {engine.model_name} sets "
+              f"{', '.join(unapplied)}, which transformers' generate applies and eaglebatch does "
+              f"not{hint}", file=sys.stderr)
+    options = TokenizeOptions(config.prompt_column, config.messages_column,
+                              config.chat_template and has_template, engine.max_model_len,
+                              config.sampling_params())
+    return ShardContext(engine, options, config.n, config.id_column, has_id_column,
+                        config.output_dir, config.output_prefix)
+
+
+def _unapplied_generation_config(fields: list[str], config: JobConfig) -> list[str]:
+    """generation_config.json's fields ('name value') that the job does not apply: all of them
+    but a repetition_penalty where the job sets one (its own value, which it applies)."""
+    return [f for f in fields
+            if not (f.startswith("repetition_penalty ") and config.repetition_penalty != 1.0)]
