@@ -162,6 +162,11 @@ def main() -> None:
               help="Subtract this from the logit of every token that occurs in the completion "
                    "so far (0 = off; as OpenAI's and vLLM's presence_penalty). A "
                    "presence_penalty column overrides it.")
+@click.option("--logprobs", is_flag=True,
+              help="Also write completion_logprobs: each generated token's log-probability "
+                   "under the model's own distribution (the log-softmax of its logits, before "
+                   "penalties, temperature, top-k and top-p; as vLLM's default logprobs), one "
+                   "per completion_token_ids entry. Greedy rows then compute the whole head.")
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens; each row draws "
                    "from its own seed, derived from this one and the row id (rows with the same "
@@ -337,7 +342,7 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
         top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]),
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
-        presence_penalty=o["presence_penalty"], engine=engine, ray=ray)
+        presence_penalty=o["presence_penalty"], logprobs=o["logprobs"], engine=engine, ray=ray)
 
 
 from jobs.bench import bench, report  # noqa: E402  (registered once main exists)

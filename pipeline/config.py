@@ -74,6 +74,7 @@ class JobConfig:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    logprobs: bool = False  # a completion_logprobs column
     engine: EngineConfig = field(default_factory=EngineConfig)
     ray: RayConfig | None = None  # None: the local runner (one engine in this process)
 
@@ -99,7 +100,7 @@ class JobConfig:
                               top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop,
                               repetition_penalty=self.repetition_penalty,
                               frequency_penalty=self.frequency_penalty,
-                              presence_penalty=self.presence_penalty)
+                              presence_penalty=self.presence_penalty, logprobs=self.logprobs)
 
     def _penalties(self) -> dict[str, float]:
         """The penalties that are on (manifests of jobs without them stay resumable)."""
@@ -140,6 +141,8 @@ class JobConfig:
                         "messages": self.messages_column,
                         # only where given: the manifests of jobs without it stay resumable
                         **({"output_prefix": self.output_prefix} if self.output_prefix else {})},
+            # only where given, as output_prefix: it adds a column
+            **({"logprobs": True} if self.logprobs else {}),
             "chat_template": self.chat_template,
             "n": self.n,
             "shard_rows": self.shard_rows,

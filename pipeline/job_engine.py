@@ -57,7 +57,7 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
                               config.chat_template and has_template, engine.max_model_len,
                               config.sampling_params())
     return ShardContext(engine, options, config.n, config.id_column, has_id_column,
-                        config.output_dir, config.output_prefix)
+                        config.output_dir, config.output_prefix, config.logprobs)
 
 
 def _unapplied_generation_config(fields: list[str], config: JobConfig) -> list[str]:

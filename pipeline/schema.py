@@ -44,6 +44,8 @@ OUTPUT_FIELDS: tuple[pa.Field, ...] = (
     pa.field("error", pa.string()),
 )
 SAMPLE_INDEX_FIELD = pa.field("sample_index", pa.int32())
+# only with --logprobs: each generated token's log-probability, one per completion_token_ids entry
+LOGPROBS_FIELD = pa.field("completion_logprobs", pa.list_(pa.float32()))
 
 # Optional input columns that override the job's sampling options row by row.
 OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
@@ -52,9 +54,11 @@ _NUMBER_COLUMNS = ("temperature", "top_p", "repetition_penalty", "frequency_pena
                    "presence_penalty")
 
 
-def output_fields(prefix: str = "") -> tuple[pa.Field, ...]:
-    """The columns a job adds after the input's, named with --output-prefix before them."""
-    return tuple(f.with_name(prefix + f.name) for f in OUTPUT_FIELDS)
+def output_fields(prefix: str = "", logprobs: bool = False) -> tuple[pa.Field, ...]:
+    """The columns a job adds after the input's, named with --output-prefix before them
+    (completion_logprobs last, with --logprobs)."""
+    return tuple(f.with_name(prefix + f.name)
+                 for f in OUTPUT_FIELDS + ((LOGPROBS_FIELD,) if logprobs else ()))
 
 
 def sample_index_field(prefix: str = "") -> pa.Field:
@@ -62,7 +66,7 @@ def sample_index_field(prefix: str = "") -> pa.Field:
 
 
 def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | None,
-                  prefix: str = "") -> pa.Schema:
+                  prefix: str = "", logprobs: bool = False) -> pa.Schema:
     """The schema of every part file written for inputs of `input_schema`. The input columns
     keep their types but may hold nulls (a row group that could not be read gives them null;
     input files may differ in whether a column is nullable)."""
@@ -71,7 +75,8 @@ def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | No
         fields.insert(0, pa.field(generated_id_column, pa.string()))
     if n > 1:
         fields.append(sample_index_field(prefix))
-    return pa.schema(fields + list(output_fields(prefix)), metadata=input_schema.metadata)
+    return pa.schema(fields + list(output_fields(prefix, logprobs)),
+                     metadata=input_schema.metadata)
 
 
 def python_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
@@ -174,7 +179,7 @@ def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
                            f"be {_OVERRIDE_TYPE_NAMES[name]}, but it is {schema.field(name).type}")
     prefix = config.output_prefix
     reserved = ([sample_index_field(prefix).name] if config.n > 1 else []) + [
-        f.name for f in output_fields(prefix)]
+        f.name for f in output_fields(prefix, config.logprobs)]
     clashes = [name for name in names if name in reserved]
     if clashes:
         way = (f"choose another --output-prefix ({prefix!r} makes {clashes[0]!r} too)" if prefix

@@ -28,6 +28,7 @@ class ShardContext(NamedTuple):
     has_id_column: bool
     output_dir: str
     output_prefix: str = ""  # --output-prefix
+    logprobs: bool = False  # --logprobs: a completion_logprobs column
 
 
 class ShardHooks(NamedTuple):
@@ -59,7 +60,8 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
     outputs = _row_outputs(prepared, results, n, ctx)
     generated_ids = None if ctx.has_id_column else row_ids
     write_part(ctx.output_dir, shard.part_name,
-               assemble(table, outputs, n, generated_ids, ctx.id_column, ctx.output_prefix))
+               assemble(table, outputs, n, generated_ids, ctx.id_column, ctx.output_prefix,
+                        ctx.logprobs))
     return _counts(results, outputs, time.monotonic() - start)
 
 
@@ -92,7 +94,9 @@ def _row_outputs(prepared: Sequence[PreparedRow], results: Sequence[Completion |
         outputs.append(RowOutput(text, list(completion.token_ids),
                                  completion.finish_reason, len(row.prompt_token_ids),
                                  len(completion.token_ids), completion.num_drafted,
-                                 completion.num_accepted, row.max_tokens_clamped, None))
+                                 completion.num_accepted, row.max_tokens_clamped, None,
+                                 None if completion.logprobs is None
+                                 else list(completion.logprobs)))
     return outputs
 
 

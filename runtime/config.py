@@ -58,6 +58,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Completion.logprobs: each generated token's log-probability under the model's own
+    # distribution (the log-softmax of its logits, before penalties, temperature, top-k, top-p)
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

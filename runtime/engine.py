@@ -207,9 +207,9 @@ class Engine:
                      ) -> tuple[list[Completion], int]:
         finished: list[Completion] = []
         generated = 0
-        for (seq, start, n), emitted, verified, drafts in zip(
-                out.scheduled, result.emitted, result.num_drafts_verified, result.drafts,
-                strict=True):
+        for (seq, start, n), emitted, logprobs, verified, drafts in zip(
+                out.scheduled, result.emitted, result.logprobs, result.num_drafts_verified,
+                result.drafts, strict=True):
             if emitted is None:  # a prefill chunk that did not reach the end of the prompt
                 seq.num_computed_tokens = start + n
                 continue
@@ -217,6 +217,8 @@ class Engine:
             # start + n = len(token_ids) + verified; the rejected drafts' KV is not kept
             seq.num_computed_tokens = start + n - verified + accepted
             reason, kept = self._append(seq, emitted)
+            if logprobs is not None:
+                seq.output_logprobs += logprobs[:kept]
             generated += kept
             if verified:
                 # accepted drafts after the token that finished the request (a stop string,
@@ -266,6 +268,7 @@ def _completion(seq: Sequence, error: str | None = None) -> Completion:
         num_draft_steps=seq.num_draft_steps,
         accepted_per_position=tuple(seq.accepted_per_position),
         error=error,
+        logprobs=tuple(seq.output_logprobs) if seq.params.logprobs and error is None else None,
     )
 
 

@@ -26,6 +26,8 @@ class RunnerOutput(NamedTuple):
     emitted: list[list[int] | None]  # per scheduled seq: tokens to append (None: no sample)
     num_drafts_verified: list[int]  # per scheduled seq: draft tokens verified this step
     drafts: list[list[int]]  # per scheduled seq: proposals for the next step ([] without drafter)
+    # per scheduled seq: the emitted tokens' log-probabilities, where its params ask for them
+    logprobs: list[list[float] | None]
 
 
 class Proposer(Protocol):
@@ -61,20 +63,24 @@ class ModelRunner:
             hidden, aux = self.model(step.input_ids, step.positions, self.kv_caches, metadata,
                                      aux_ids)
         emitted: list[list[int] | None] = [None] * len(out.scheduled)
+        logprobs: list[list[float] | None] = [None] * len(out.scheduled)
         num_verified = [0] * len(out.scheduled)
         if step.sample_rows:
-            tokens = self._sample(out, step, hidden)  # the step's one host sync
-            for row, toks in zip(step.sample_rows, tokens, strict=True):
+            tokens, token_logprobs = self._sample(out, step, hidden)  # the step's one host sync
+            for row, toks, lps in zip(step.sample_rows, tokens, token_logprobs, strict=True):
                 emitted[row.seq_index] = toks
+                logprobs[row.seq_index] = lps
                 num_verified[row.seq_index] = len(row.draft_token_ids)
         drafts: list[list[int]] = [[] for _ in out.scheduled]
         if self.proposer is not None:
             features = torch.cat(aux, dim=-1) if aux else hidden
             drafts = self.proposer.propose(step, out, features, emitted, num_verified)
-        return RunnerOutput(emitted, num_verified, drafts)
+        return RunnerOutput(emitted, num_verified, drafts, logprobs)
 
     def _sample(self, out: SchedulerOutput, step: StepInputs, hidden: torch.Tensor
-                ) -> list[list[int]]:
+                ) -> tuple[list[list[int]], list[list[float] | None]]:
+        """Each sampling request's emitted tokens, and their log-probabilities where its params
+        ask for them."""
         rows = step.sample_rows
         width = self.draft_width
         # The LM head runs on each request's real rows only (fewer than width + 1 when it has
@@ -92,28 +98,66 @@ class ModelRunner:
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
         penalized = any(s.params.penalized for s in seqs)
-        if all(s.params.greedy for s in seqs) and not penalized:
+        want_logprobs = any(s.params.logprobs for s in seqs)
+        if all(s.params.greedy for s in seqs) and not (penalized or want_logprobs):
             best = (self.exact_head.argmax(selected) if self.exact_head is not None
                     else argmax_rows(self.model.compute_logits(selected)))
             argmax = best.index_select(0, padded_index).view(len(rows), width + 1)
-            sampled = greedy_verify(drafts, num_drafts, argmax)
-            return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
+            return _emitted(greedy_verify(drafts, num_drafts, argmax)), [None] * len(rows)
         logits = self.model.compute_logits(selected).float()
+        raw = logits.clone() if penalized and want_logprobs else logits
         if penalized:
             penalize(logits, seqs, [r.draft_token_ids for r in rows])
         if all(s.params.greedy for s in seqs):
             argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
-            sampled = greedy_verify(drafts, num_drafts, argmax)
-            return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
-        st = make_sampling_tensors([s.params.temperature for s in seqs],
-                                   [s.params.top_k for s in seqs],
-                                   [s.params.top_p for s in seqs], self.device)
-        probs = target_probs(logits.index_select(0, padded_index), st, width + 1)
-        # each emitted token's uniform, keyed by its index in the sequence
-        uniforms = position_uniforms([s.params.seed for s in seqs],
-                                     [len(s.token_ids) for s in seqs], width + 1, self.device)
-        sampled = sample_and_verify(drafts, num_drafts, probs, st.greedy, uniforms)
-        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
+            tokens = _emitted(greedy_verify(drafts, num_drafts, argmax))
+        else:
+            st = make_sampling_tensors([s.params.temperature for s in seqs],
+                                       [s.params.top_k for s in seqs],
+                                       [s.params.top_p for s in seqs], self.device)
+            probs = target_probs(logits.index_select(0, padded_index), st, width + 1)
+            # each emitted token's uniform, keyed by its index in the sequence
+            uniforms = position_uniforms([s.params.seed for s in seqs],
+                                         [len(s.token_ids) for s in seqs], width + 1, self.device)
+            tokens = _emitted(sample_and_verify(drafts, num_drafts, probs, st.greedy, uniforms))
+        if not want_logprobs:
+            return tokens, [None] * len(rows)
+        return tokens, token_logprobs(raw, [len(r.logits_rows) for r in rows], tokens,
+                                      [s.params.logprobs for s in seqs])
+
+
+def token_logprobs(logits: torch.Tensor, rows_per_request: list[int], tokens: list[list[int]],
+                   wanted: list[bool]) -> list[list[float] | None]:
+    """The log-softmax of each emitted token's logits row at that token, for the requests that
+    want it. Request b owns rows_per_request[b] consecutive rows of `logits`, and its i-th
+    emitted token was drawn from its i-th row."""
+    index: list[int] = []  # the rows of the emitted tokens that want log-probabilities
+    picked: list[int] = []  # those tokens
+    starts: list[int] = []  # where each wanting request's tokens begin among them
+    start = 0
+    for n, toks, want in zip(rows_per_request, tokens, wanted, strict=True):
+        if want:
+            starts.append(len(index))
+            index += range(start, start + len(toks))
+            picked += toks
+        start += n
+    # a row's log-softmax is computed from that row alone: the same bits in any batch
+    values = torch.log_softmax(logits.index_select(0, torch.tensor(index, device=logits.device)),
+                               dim=-1).gather(1, torch.tensor(picked, device=logits.device)
+                                              .unsqueeze(1)).squeeze(1).tolist()
+    out: list[list[float] | None] = []
+    at = iter(starts)
+    for toks, want in zip(tokens, wanted, strict=True):
+        if want:
+            first = next(at)
+            out.append(values[first:first + len(toks)])
+        else:
+            out.append(None)
+    return out
+
+
+def _emitted(sampled: torch.Tensor) -> list[list[int]]:
+    return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled.tolist()]
 
 
 def _pad(row: SampleRow, width: int) -> list[int]:

@@ -39,3 +39,5 @@ class Completion:
     num_draft_steps: int = 0
     accepted_per_position: tuple[int, ...] = ()
     error: str | None = None  # set when finish_reason == "error": why the request could not run
+    # with SamplingParams.logprobs: each token's log-probability, one per token_ids entry
+    logprobs: tuple[float, ...] | None = None

@@ -22,7 +22,8 @@ class Sequence:
     __slots__ = ("request_id", "params", "token_ids", "num_prompt_tokens", "num_computed_tokens",
                  "draft_token_ids", "status", "finish_reason", "stop_string", "arrival",
                  "num_drafted", "num_accepted", "num_draft_steps",
-                 "accepted_per_position", "num_preemptions", "ngram_index", "may_draft")
+                 "accepted_per_position", "num_preemptions", "ngram_index", "may_draft",
+                 "output_logprobs")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival: int, num_speculative_tokens: int) -> None:
@@ -45,6 +46,8 @@ class Sequence:
         # False for a step in which the scheduler found the request room for its tokens but not
         # for drafts (alone, at the edge of the KV cache): it drafts nothing after that step
         self.may_draft = True
+        # with params.logprobs: one per output token (SamplingParams.logprobs)
+        self.output_logprobs: list[float] = []
 
     @property
     def output_token_ids(self) -> list[int]:

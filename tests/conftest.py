@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -52,6 +53,22 @@ def one_thread_module() -> Iterator[None]:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer llama checkpoint (hidden 64, 4 heads, 2 KV heads, vocab 256), float32."""
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model(tiny_model_dir: Path) -> Any:
+    """transformers' model of tiny_model_dir, float32, in eval mode (tests must not train it)."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_random_drafter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer EAGLE-1 drafter with random weights for tiny_model_dir."""
+    from tests.drafter_fixtures import make_random_drafter  # noqa: PLC0415
+
+    return make_random_drafter(tiny_model_dir, tmp_path_factory.mktemp("tiny-drafter"))
 
 
 @pytest.fixture(scope="session")

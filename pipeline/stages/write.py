@@ -25,10 +25,12 @@ class RowOutput(NamedTuple):
     num_accepted: int
     max_tokens_clamped: bool
     error: str | None
+    completion_logprobs: list[float] | None = None  # written with --logprobs only
 
 
 def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
-             generated_ids: Sequence[str] | None, id_column: str, prefix: str = "") -> pa.Table:
+             generated_ids: Sequence[str] | None, id_column: str, prefix: str = "",
+             logprobs: bool = False) -> pa.Table:
     """Input columns (each row repeated n times when n > 1) + generated columns (their names
     after `prefix`, --output-prefix).
 
@@ -45,10 +47,10 @@ def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
                                     pa.int64()))
         samples = pa.array([s for _ in range(inputs.num_rows) for s in range(n)], pa.int32())
         table = table.append_column(sample_index_field(prefix), samples)
-    for index, field in enumerate(output_fields(prefix)):
+    for index, field in enumerate(output_fields(prefix, logprobs)):
         table = table.append_column(field, pa.array([o[index] for o in outputs], field.type))
     schema = output_schema(inputs.schema, n, id_column if generated_ids is not None else None,
-                           prefix)
+                           prefix, logprobs)
     return table.cast(schema)
 
 

@@ -10,14 +10,12 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.penalties import penalize
 from runtime.request import GenerationRequest
 from runtime.sequence import Sequence
-from tests.drafter_fixtures import make_random_drafter
 from tests.fixtures import TINY_VOCAB_SIZE
 
 NUM_NEW = 24
@@ -30,16 +28,6 @@ PENALTIES = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.7),
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_model_dir: Path) -> Any:
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def drafter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_random_drafter(tiny_model_dir, tmp_path_factory.mktemp("drafter"))
 
 
 def _engine(model_dir: Path, drafter: Path | None = None, **options: object) -> Engine:
@@ -76,13 +64,13 @@ def _reference(model: Any, prompt: tuple[int, ...], repetition_penalty: float = 
 
 
 def test_greedy_repetition_penalty_equals_transformers_generate(
-        tiny_model_dir: Path, hf_model: Any) -> None:
+        tiny_model_dir: Path, tiny_hf_model: Any) -> None:
     params = SamplingParams(max_tokens=NUM_NEW, ignore_eos=True, repetition_penalty=1.3)
     got = _generate(_engine(tiny_model_dir), params)
     expected = {}
     for i, prompt in enumerate(PROMPTS):
         with torch.no_grad():
-            out = hf_model.generate(torch.tensor([prompt]), do_sample=False,
+            out = tiny_hf_model.generate(torch.tensor([prompt]), do_sample=False,
                                     max_new_tokens=NUM_NEW, repetition_penalty=1.3,
                                     eos_token_id=None, attention_mask=torch.ones(1, len(prompt)))
         expected[str(i)] = tuple(out[0, len(prompt):].tolist())
@@ -94,24 +82,25 @@ def test_greedy_repetition_penalty_equals_transformers_generate(
 
 @pytest.mark.parametrize("penalties", PENALTIES, ids=lambda p: ",".join(f"{k}={v}"
                                                                         for k, v in p.items()))
-def test_greedy_penalties_follow_the_formulas(tiny_model_dir: Path, hf_model: Any,
+def test_greedy_penalties_follow_the_formulas(tiny_model_dir: Path, tiny_hf_model: Any,
                                               penalties: dict[str, float]) -> None:
     params = SamplingParams(max_tokens=NUM_NEW, ignore_eos=True, **penalties)
     got = _generate(_engine(tiny_model_dir), params)
-    assert got == {str(i): _reference(hf_model, p, **penalties) for i, p in enumerate(PROMPTS)}
+    assert got == {str(i): _reference(tiny_hf_model, p, **penalties) for i, p in enumerate(PROMPTS)}
 
 
 @pytest.mark.parametrize("penalties", PENALTIES[1:], ids=lambda p: ",".join(
     f"{k}={v}" for k, v in p.items()))
 def test_penalized_requests_give_the_same_tokens_with_accepted_drafts(
-        tiny_model_dir: Path, drafter: Path, penalties: dict[str, float]) -> None:
+        tiny_model_dir: Path, tiny_random_drafter: Path, penalties: dict[str, float]) -> None:
     """Drafts the target accepts count among the tokens before the positions they precede: a
     reference drafter (its drafts are the penalized output itself, so all are accepted) and one
     whose reference goes wrong halfway give the tokens of plain decoding, greedy and seeded."""
     for sampling in (dict(), dict(temperature=0.9, top_p=0.95, seed=11)):
         params = SamplingParams(max_tokens=NUM_NEW, ignore_eos=True, **sampling, **penalties)
         plain = _generate(_engine(tiny_model_dir), params)
-        spec = _engine(tiny_model_dir, drafter, num_speculative_tokens=3, max_num_seqs=2)
+        spec = _engine(tiny_model_dir, tiny_random_drafter, num_speculative_tokens=3,
+                       max_num_seqs=2)
         half = NUM_NEW // 2
         wrong_halfway = {k: v[:half] + tuple((t + 1) % TINY_VOCAB_SIZE for t in v[half:])
                          for k, v in plain.items() if k != "0"}
@@ -124,7 +113,7 @@ def test_penalized_requests_give_the_same_tokens_with_accepted_drafts(
 
 
 def test_penalized_rows_next_to_plain_rows_with_a_random_drafter(
-        tiny_model_dir: Path, drafter: Path) -> None:
+        tiny_model_dir: Path, tiny_random_drafter: Path) -> None:
     """A batch mixing penalized and plain, greedy and sampled requests: each gets its tokens
     alone without a drafter."""
     mixed = [SamplingParams(max_tokens=NUM_NEW, ignore_eos=True, repetition_penalty=1.2),
@@ -138,7 +127,7 @@ def test_penalized_rows_next_to_plain_rows_with_a_random_drafter(
     alone = {}
     for r in requests:
         alone.update({c.request_id: c.token_ids for c in _engine(tiny_model_dir).generate([r])})
-    for draft in ({"drafter": drafter, "num_speculative_tokens": 4},
+    for draft in ({"drafter": tiny_random_drafter, "num_speculative_tokens": 4},
                   {"draft_ngram": True, "num_speculative_tokens": 3}):
         engine = _engine(tiny_model_dir, **draft)  # type: ignore[arg-type]
         assert {c.request_id: c.token_ids for c in engine.generate(requests)} == alone
