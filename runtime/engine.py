@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import chain
 
 import torch
 from transformers import PretrainedConfig
@@ -166,6 +167,11 @@ class Engine:
         n = len(request.prompt_token_ids)
         if n == 0:
             return "empty prompt (no tokens)"
+        if any(seq.request_id == request.request_id
+               for seq in chain(self.scheduler.running, self.scheduler.waiting)):
+            # its KV blocks and drafts are kept by id: two of one id would share them
+            return (f"request id {request.request_id!r} is already in flight; ids must be unique "
+                    "among the requests running at once")
         if n >= self.max_model_len:
             return (f"prompt has {n} tokens; the model's context is {self.max_model_len} "
                     "tokens and at least one must be left to generate")
@@ -257,6 +263,9 @@ class Engine:
 
 
 def _completion(seq: Sequence, error: str | None = None) -> Completion:
+    if error is not None:  # no tokens, as every other request that could not run
+        return Completion(seq.request_id, tuple(seq.token_ids[:seq.num_prompt_tokens]), (),
+                          "error", error=error)
     return Completion(
         request_id=seq.request_id,
         prompt_token_ids=tuple(seq.token_ids[:seq.num_prompt_tokens]),
@@ -267,8 +276,7 @@ def _completion(seq: Sequence, error: str | None = None) -> Completion:
         num_accepted=seq.num_accepted,
         num_draft_steps=seq.num_draft_steps,
         accepted_per_position=tuple(seq.accepted_per_position),
-        error=error,
-        logprobs=tuple(seq.output_logprobs) if seq.params.logprobs and error is None else None,
+        logprobs=tuple(seq.output_logprobs) if seq.params.logprobs else None,
     )
 
 

@@ -319,6 +319,29 @@ def test_request_too_big_for_the_kv_cache_errors(tiny_model_dir: Path,
     assert (done.finish_reason, done.error) == ("error", (
         "request needs up to 7 KV cache blocks of 4 tokens to finish (26 tokens of prompt and "
         "completion) but the whole cache has 5; raise --kv-cache-memory"))
+    # found by QA: it kept the tokens it had made, unlike every other error
+    assert done.token_ids == () and done.num_drafted == 0
+
+
+def test_a_request_id_already_in_flight_fails_that_request_only(
+        tiny_model_dir: Path, reference: Reference) -> None:
+    """Found by QA: two requests of one id shared KV blocks and corrupted each other, silently
+    (the pipeline makes unique ids; the engine API did not check)."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    requests = [GenerationRequest("x", PROMPTS[12], params), GenerationRequest("x", PROMPTS[4],
+                                                                                 params)]
+    second, first = sorted(_engine(tiny_model_dir).generate(requests),
+                           key=lambda c: c.finish_reason)  # "error" before "length"
+    assert (second.finish_reason, second.error, second.token_ids) == (
+        "error", "request id 'x' is already in flight; ids must be unique among the requests "
+                 "running at once", ())
+    assert second.prompt_token_ids == PROMPTS[4]
+    assert first.finish_reason == "length"
+    assert first.token_ids == reference.greedy(PROMPTS[12], 6)
+    # once it has finished, the id may come again
+    engine = _engine(tiny_model_dir)
+    for _ in range(2):
+        assert [c.token_ids for c in engine.generate(requests[:1])] == [first.token_ids]
 
 
 def test_prompt_ids_outside_the_vocabulary_fail_their_request_only(
