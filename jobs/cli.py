@@ -146,6 +146,10 @@ def main() -> None:
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0, MAX_TOP_K),
               help="Sample among the k most likely tokens only (0 = off). A top_k column "
                    "overrides it.")
+@click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              callback=finite,
+              help="Drop the tokens less likely than this times the most likely one, after the "
+                   "temperature (0 = off; as vLLM's min_p). A min_p column overrides it.")
 @click.option("--repetition-penalty", default=1.0, show_default=True,
               type=click.FloatRange(0, min_open=True), callback=finite,
               help="Divide the logit of every token already in the prompt or the completion by "
@@ -165,7 +169,8 @@ def main() -> None:
 @click.option("--logprobs", is_flag=True,
               help="Also write completion_logprobs: each generated token's log-probability "
                    "under the model's own distribution (the log-softmax of its logits, before "
-                   "penalties, temperature, top-k and top-p; as vLLM's default logprobs), one "
+                   "penalties, temperature, min-p, top-k and top-p; as vLLM's default "
+                   "logprobs), one "
                    "per completion_token_ids entry. Greedy rows then compute the whole head.")
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens; each row draws "
@@ -340,7 +345,8 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         output_prefix=o["output_prefix"],
         chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
         overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
-        top_p=o["top_p"], top_k=o["top_k"], seed=o["seed"], stop=tuple(o["stop"]),
+        top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"], seed=o["seed"],
+        stop=tuple(o["stop"]),
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
         presence_penalty=o["presence_penalty"], logprobs=o["logprobs"], engine=engine, ray=ray)
 

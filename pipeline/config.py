@@ -69,6 +69,7 @@ class JobConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     repetition_penalty: float = 1.0
@@ -97,14 +98,17 @@ class JobConfig:
     def sampling_params(self) -> SamplingParams:
         """The job-wide defaults as engine SamplingParams (rows may override fields)."""
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
-                              top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop,
+                              top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                              seed=self.seed, stop=self.stop,
                               repetition_penalty=self.repetition_penalty,
                               frequency_penalty=self.frequency_penalty,
                               presence_penalty=self.presence_penalty, logprobs=self.logprobs)
 
-    def _penalties(self) -> dict[str, float]:
-        """The penalties that are on (manifests of jobs without them stay resumable)."""
+    def _optional_sampling(self) -> dict[str, float]:
+        """min_p and the penalties where they are on (manifests of jobs without them stay
+        resumable)."""
         return {name: value for name, value, off in (
+            ("min_p", self.min_p, 0.0),
             ("repetition_penalty", self.repetition_penalty, 1.0),
             ("frequency_penalty", self.frequency_penalty, 0.0),
             ("presence_penalty", self.presence_penalty, 0.0)) if value != off}
@@ -136,7 +140,7 @@ class JobConfig:
             "max_model_len": self.engine.max_model_len,
             "sampling": {"max_tokens": self.max_tokens, "temperature": self.temperature,
                          "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
-                         "stop": list(self.stop), **self._penalties()},
+                         "stop": list(self.stop), **self._optional_sampling()},
             "columns": {"prompt": self.prompt_column, "id": self.id_column,
                         "messages": self.messages_column,
                         # only where given: the manifests of jobs without it stay resumable

@@ -48,9 +48,9 @@ SAMPLE_INDEX_FIELD = pa.field("sample_index", pa.int32())
 LOGPROBS_FIELD = pa.field("completion_logprobs", pa.list_(pa.float32()))
 
 # Optional input columns that override the job's sampling options row by row.
-OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                     "repetition_penalty", "frequency_penalty", "presence_penalty")
-_NUMBER_COLUMNS = ("temperature", "top_p", "repetition_penalty", "frequency_penalty",
+_NUMBER_COLUMNS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                    "presence_penalty")
 
 

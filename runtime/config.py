@@ -51,6 +51,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (0 = off)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -72,6 +73,8 @@ class SamplingParams:
         if not 0 <= self.top_k <= MAX_TOP_K:
             raise ValueError(f"top_k must be in [0, {MAX_TOP_K}], got {self.top_k} (one at or "
                              "above the vocabulary's size samples from all of it)")
+        if not 0 <= self.min_p <= 1:  # NaN fails too
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")

@@ -114,7 +114,8 @@ class ModelRunner:
         else:
             st = make_sampling_tensors([s.params.temperature for s in seqs],
                                        [s.params.top_k for s in seqs],
-                                       [s.params.top_p for s in seqs], self.device)
+                                       [s.params.top_p for s in seqs], self.device,
+                                       [s.params.min_p for s in seqs])
             probs = target_probs(logits.index_select(0, padded_index), st, width + 1)
             # each emitted token's uniform, keyed by its index in the sequence
             uniforms = position_uniforms([s.params.seed for s in seqs],

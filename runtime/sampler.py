@@ -27,6 +27,7 @@ class SamplingTensors(NamedTuple):
     # Host-side flag: some row uses top-k or top-p. False lets target_probs skip the vocab sort
     # without reading the tensors back from the device.
     filtered: bool = True
+    min_p: Tensor | None = None  # [batch] float32, 0 = off; None: off for every row
 
 
 def make_sampling_tensors(
@@ -34,6 +35,7 @@ def make_sampling_tensors(
     top_k: Sequence[int],
     top_p: Sequence[float],
     device: torch.device | str,
+    min_p: Sequence[float] | None = None,
 ) -> SamplingTensors:
     """One host-to-device copy per field; nothing is read back."""
     if not len(temperature) == len(top_k) == len(top_p):
@@ -49,6 +51,8 @@ def make_sampling_tensors(
         greedy=torch.tensor([t < GREEDY_BELOW for t in temperature], dtype=torch.bool,
                             device=device),
         filtered=filtered,
+        min_p=(torch.tensor(min_p, dtype=torch.float32, device=device)
+               if min_p is not None and any(p > 0 for p in min_p) else None),
     )
 
 
@@ -89,14 +93,15 @@ def _uniform(seed: int, index: int) -> float:
 
 
 def target_probs(logits: Tensor, st: SamplingTensors, positions_per_row: int) -> Tensor:
-    """Target distributions after temperature, then top-k, then top-p.
+    """Target distributions after temperature, then min-p, then top-k, then top-p.
 
     logits: [batch * positions_per_row, vocab], the rows of one request adjacent
       (request b owns rows b * positions_per_row ... (b + 1) * positions_per_row - 1).
     Returns [batch, positions_per_row, vocab] float32. Greedy rows get a one-hot at the argmax
     of the raw logits, so sample_and_verify treats every row the same way.
     top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p (the top
-    token is always kept); top-k keeps exactly k tokens (ties broken by vocab order).
+    token is always kept); top-k keeps exactly k tokens (ties broken by vocab order); min-p drops
+    the tokens less likely than min_p times the most likely one (as vLLM's min_p).
     """
     rows, vocab = logits.shape
     batch = rows // positions_per_row
@@ -111,6 +116,8 @@ def target_probs(logits: Tensor, st: SamplingTensors, positions_per_row: int) ->
     greedy = per_row(st.greedy)  # [rows, 1]
     temperature = torch.where(greedy, 1.0, per_row(st.temperature))  # greedy: avoid 0-division
     scaled = logits / temperature
+    if st.min_p is not None:
+        scaled = _min_p_logits(scaled, per_row(st.min_p))
     if st.filtered:  # (a greedy row's filters are moot: it gets a one-hot below)
         probs = _top_k_top_p_probs(scaled, torch.where(greedy, 0, per_row(st.top_k)),
                                    torch.where(greedy, 1.0, per_row(st.top_p)))
@@ -118,6 +125,14 @@ def target_probs(logits: Tensor, st: SamplingTensors, positions_per_row: int) ->
         probs = torch.softmax(scaled, dim=-1)
     one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     return torch.where(greedy, one_hot, probs).view(batch, positions_per_row, vocab)
+
+
+def _min_p_logits(scaled: Tensor, min_p: Tensor) -> Tensor:
+    """`scaled` with -inf for the tokens whose probability is below min_p times the row's
+    largest (min_p [rows, 1], 0 = off). Row by row: a softmax and a max of the row alone."""
+    probs = torch.softmax(scaled, dim=-1)
+    low = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    return scaled.masked_fill(low, float("-inf"))
 
 
 # Tokens a top-k / top-p row is sorted among, tried in turn: its top ones by torch.topk, not the
@@ -164,7 +179,8 @@ def _among_candidates(
     candidates: int,
 ) -> tuple[Tensor, Tensor]:  # [rows, vocab] float32, [rows] bool: where the first is right
     values, ids = scaled.topk(candidates, dim=-1)  # [rows, candidates], ties in no set order
-    untied = (scaled >= values[:, -1:]).sum(-1) == candidates
+    # (a last candidate of -inf: every token left by min-p is among them)
+    untied = ((scaled >= values[:, -1:]).sum(-1) == candidates) | values[:, -1].isneginf()
     # the candidates in sorted() order: by logit, ties by id (sort by id, then stably by logit)
     ids, by_id = ids.sort(dim=-1)
     values, by_value = values.gather(-1, by_id).sort(dim=-1, descending=True, stable=True)

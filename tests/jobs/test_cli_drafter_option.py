@@ -55,6 +55,7 @@ def test_a_blank_model_or_drafter_is_refused_as_such(
     (["--temperature", "nan"], "Invalid value for '--temperature': nan is not a finite number"),
     (["--temperature", "inf"], "Invalid value for '--temperature': inf is not a finite number"),
     (["--top-p", "nan"], "Invalid value for '--top-p': nan is not a finite number"),
+    (["--min-p", "1.5"], "Invalid value for '--min-p': 1.5 is not in the range 0<=x<=1."),
     (["--repetition-penalty", "inf"],
      "Invalid value for '--repetition-penalty': inf is not a finite number"),
     (["--repetition-penalty", "0"],

@@ -1,5 +1,6 @@
-"""`eaglebatch generate --repetition-penalty / --frequency-penalty / --presence-penalty` and the
-per-row columns of the same names, through the real CLI and engine on the tiny checkpoint."""
+"""`eaglebatch generate --min-p / --repetition-penalty / --frequency-penalty / --presence-penalty`
+and the per-row columns of the same names, through the real CLI and engine on the tiny
+checkpoint."""
 
 from __future__ import annotations
 
@@ -104,3 +105,17 @@ def test_resuming_with_another_penalty_is_refused(tmp_path: Path, tiny_model_dir
     assert result.exit_code == 2
     assert ("holds the outputs of a different job (sampling.presence_penalty: not given -> 0.5)"
             in result.stderr)
+
+
+def test_min_p_one_gives_the_greedy_tokens(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """min_p 1 keeps only the most likely token; a min_p column of null keeps the option."""
+    path = write_parquet(tmp_path / "in.parquet", {
+        "prompt": PROMPTS, "min_p": pa.array([None, 1.0, 0.0, None], pa.float64())})
+    greedy = _generate(tiny_model_dir, path, tmp_path / "greedy")
+    assert greedy.exit_code == 0, greedy.output
+    result = _generate(tiny_model_dir, path, tmp_path / "out", "--temperature", "2",
+                       "--min-p", "1", "--seed", "4")
+    assert result.exit_code == 0, result.output
+    want = read_parts(tmp_path / "greedy").column("completion_token_ids").to_pylist()
+    got = read_parts(tmp_path / "out").column("completion_token_ids").to_pylist()
+    assert [g == w for g, w in zip(got, want, strict=True)] == [True, True, False, True]
