@@ -13,7 +13,12 @@ from runtime.greedy_head import ExactGreedyHead
 from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.penalties import penalize
-from runtime.sampler import make_sampling_tensors, position_uniforms, target_probs
+from runtime.sampler import (
+    make_sampling_tensors,
+    position_uniforms,
+    target_probs,
+    token_logprobs,
+)
 from runtime.scheduler import SchedulerOutput
 from runtime.speculative.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
@@ -125,36 +130,6 @@ class ModelRunner:
             return tokens, [None] * len(rows)
         return tokens, token_logprobs(raw, [len(r.logits_rows) for r in rows], tokens,
                                       [s.params.logprobs for s in seqs])
-
-
-def token_logprobs(logits: torch.Tensor, rows_per_request: list[int], tokens: list[list[int]],
-                   wanted: list[bool]) -> list[list[float] | None]:
-    """The log-softmax of each emitted token's logits row at that token, for the requests that
-    want it. Request b owns rows_per_request[b] consecutive rows of `logits`, and its i-th
-    emitted token was drawn from its i-th row."""
-    index: list[int] = []  # the rows of the emitted tokens that want log-probabilities
-    picked: list[int] = []  # those tokens
-    starts: list[int] = []  # where each wanting request's tokens begin among them
-    start = 0
-    for n, toks, want in zip(rows_per_request, tokens, wanted, strict=True):
-        if want:
-            starts.append(len(index))
-            index += range(start, start + len(toks))
-            picked += toks
-        start += n
-    # a row's log-softmax is computed from that row alone: the same bits in any batch
-    values = torch.log_softmax(logits.index_select(0, torch.tensor(index, device=logits.device)),
-                               dim=-1).gather(1, torch.tensor(picked, device=logits.device)
-                                              .unsqueeze(1)).squeeze(1).tolist()
-    out: list[list[float] | None] = []
-    at = iter(starts)
-    for toks, want in zip(tokens, wanted, strict=True):
-        if want:
-            first = next(at)
-            out.append(values[first:first + len(toks)])
-        else:
-            out.append(None)
-    return out
 
 
 def _emitted(sampled: torch.Tensor) -> list[list[int]]:

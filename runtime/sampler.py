@@ -3,7 +3,8 @@
 The runner builds one SamplingTensors per step (make_sampling_tensors), turns the target's logits
 into probabilities with target_probs(), and hands those with each token's uniform
 (position_uniforms) to sample_and_verify(), which emits every token: plain decoding is
-verification with zero draft tokens.
+verification with zero draft tokens. token_logprobs() gives the emitted tokens' log-probabilities
+(SamplingParams.logprobs).
 """
 
 from __future__ import annotations
@@ -219,3 +220,33 @@ def _sorted_vocab_probs(
     drop = (mass_before >= top_p) & (top_p < 1.0)  # top_p = 1: keep all, whatever the rounding
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.zeros_like(scaled).scatter_(-1, order, torch.softmax(sorted_logits, dim=-1))
+
+
+def token_logprobs(logits: torch.Tensor, rows_per_request: list[int], tokens: list[list[int]],
+                   wanted: list[bool]) -> list[list[float] | None]:
+    """The log-softmax of each emitted token's logits row at that token, for the requests that
+    want it. Request b owns rows_per_request[b] consecutive rows of `logits`, and its i-th
+    emitted token was drawn from its i-th row."""
+    index: list[int] = []  # the rows of the emitted tokens that want log-probabilities
+    picked: list[int] = []  # those tokens
+    starts: list[int] = []  # where each wanting request's tokens begin among them
+    start = 0
+    for n, toks, want in zip(rows_per_request, tokens, wanted, strict=True):
+        if want:
+            starts.append(len(index))
+            index += range(start, start + len(toks))
+            picked += toks
+        start += n
+    # a row's log-softmax is computed from that row alone: the same bits in any batch
+    values = torch.log_softmax(logits.index_select(0, torch.tensor(index, device=logits.device)),
+                               dim=-1).gather(1, torch.tensor(picked, device=logits.device)
+                                              .unsqueeze(1)).squeeze(1).tolist()
+    out: list[list[float] | None] = []
+    at = iter(starts)
+    for toks, want in zip(tokens, wanted, strict=True):
+        if want:
+            first = next(at)
+            out.append(values[first:first + len(toks)])
+        else:
+            out.append(None)
+    return out
