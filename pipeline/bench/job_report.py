@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from pipeline.atomic import write_bytes_atomically
 from pipeline.bench import markdown as md
 from pipeline.bench.job_errors import error_reasons
+from pipeline.bench.job_settings import columns_line, drafter_label, sampling_line
 from pipeline.bench.job_timeline import throughput_plot
 from pipeline.bench.plots import (
     drop_undrawn,
@@ -48,7 +49,6 @@ from pipeline.manifest import (
     unusable_parts,
 )
 from pipeline.stats import STATS_FILE, Counts, busy_seconds, shard_spans, total
-from runtime.loader import default_drafter
 
 REPORT_FILE = JOB_REPORT_FILE
 PLOTS = JOB_PLOTS
@@ -247,23 +247,22 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
                          + "): not counted here")
         return "\n".join(lines)
     config = manifest.config
-    sampling = config.get("sampling", {})
+    sampling = config.get("sampling")
     state = "complete (_SUCCESS written)" if done else "not complete"
     if done and (missing or damaged):
         state = ("was complete (_SUCCESS written), but part files are "
                  + " or ".join(w for w, ids in (("missing", missing), ("damaged", damaged)) if ids))
     lines += [
         f"- {len(shards)} of {manifest.num_shards} shards committed; {state}",
-        f"- model `{config.get('model')}`; drafter {_drafter_label(config)}"
+        f"- model `{config.get('model')}`; drafter {drafter_label(config)}"
         + (f", k = {config.get('num_speculative_tokens')}, drafts cut below confidence "
            f"{config.get('draft_confidence', 0.0)}"
            + (", int8 drafter weights" if config.get("draft_int8") else "")
            + (", n-gram lookup drafts" if config.get("draft_ngram") else "")
            if config.get("drafter") else ""),
-        f"- max_tokens {sampling.get('max_tokens')}, temperature {sampling.get('temperature')}, "
-        f"n {config.get('n')}, {config.get('shard_rows')} rows per shard, "
-        f"{len(manifest.inputs)} input file(s)",
-        _columns_line(config.get("columns")),
+        f"- {sampling_line(sampling)}, n {config.get('n')}, "
+        f"{config.get('shard_rows')} rows per shard, {len(manifest.inputs)} input file(s)",
+        columns_line(config.get("columns"), bool(config.get("logprobs"))),
     ]
     if manifest.runs:
         what = "its start and every resume" if len(manifest.runs) > 1 else "started"
@@ -290,18 +289,6 @@ _NOT_DRAWN = {"throughput": "no shard committed yet", "acceptance": "nothing was
 _MAX_PENDING = 20
 
 
-def _columns_line(columns: Any) -> str:
-    """The columns the job read and the prefix of those it wrote (--output-prefix)."""
-    if not isinstance(columns, dict):
-        return "- columns: not recorded"
-    read = (f"messages from `{columns['messages']}`" if columns.get("messages")
-            else f"prompts from `{columns.get('prompt')}`")
-    prefix = columns.get("output_prefix")
-    wrote = f"`{prefix}completion`, ... (`--output-prefix {prefix}`)" if prefix else \
-        "`completion`, ..."
-    return f"- {read}, ids from `{columns.get('id')}`; the job's columns {wrote}"
-
-
 def _run(run: dict[str, Any]) -> str:
     started = run.get("started")
     when = _clock(float(started)) if isinstance(started, (int, float)) else "start unknown"
@@ -311,17 +298,6 @@ def _run(run: dict[str, Any]) -> str:
         runner += (f", {md.plural(workers, 'worker')}" if isinstance(workers, int) and workers
                    else ", workers as the cluster allows (--num-workers not given)")
     return f"{when} ({runner})"
-
-
-def _drafter_label(config: dict[str, Any]) -> str:
-    """The job's drafter: 'shipped (name)' for the one shipped with the model, else its path."""
-    drafter = config.get("drafter")
-    if not drafter:
-        return "none"
-    shipped = default_drafter(str(config.get("model")))
-    if shipped is not None and os.path.abspath(drafter) == str(shipped):
-        return f"shipped ({shipped.name})"
-    return f"`{drafter}`"
 
 
 def _totals(c: Counts, busy: float | None, k: int | None, unknown_steps: int = 0) -> str:

@@ -477,3 +477,22 @@ def test_an_old_stats_file_whose_drafting_shards_accepted_nothing(tmp_path: Path
     report = (tmp_path / "report.md").read_text()
     assert ("- acceptance: not drawn (the draft steps of the shards that drafted are not in this "
             "stats.parquet)") in report
+
+
+def test_the_report_names_every_sampling_option_the_job_set(
+        tmp_path: Path, tiny_model_dir: Path, one_thread_module: None) -> None:
+    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": BENCH_PROMPTS[:2]})
+    out = tmp_path / "job"
+    generated = CliRunner().invoke(main, [
+        "generate", str(inputs), str(out), "--model", str(tiny_model_dir), "--max-tokens", "4",
+        "--temperature", "0.5", "--top-p", "0.9", "--min-p", "0.05", "--seed", "3",
+        "--repetition-penalty", "1.2", "--presence-penalty", "-0.5", "--stop", "\n\n",
+        "--logprobs", "--output-prefix", "a_", "--kv-cache-memory", "16MiB"])
+    assert generated.exit_code == 0, generated.output
+    assert _report(str(out))[0] == 0
+    report = (out / "report.md").read_text()
+    assert ("\n- max_tokens 4, temperature 0.5, top_p 0.9, min_p 0.05, repetition_penalty 1.2, "
+            "presence_penalty -0.5, seed 3, stop '\\n\\n', n 1, 10000 rows per shard, 1 input "
+            "file(s)\n") in report
+    assert ("; the job's columns `a_completion`, ... (`--output-prefix a_`) with "
+            "`a_completion_logprobs` (`--logprobs`)\n") in report
