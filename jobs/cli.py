@@ -135,6 +135,10 @@ def main() -> None:
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1),
               help="Most tokens generated per row (lowered per row to fit the model's context; "
                    "an input column max_tokens overrides it per row).")
+@click.option("--min-tokens", default=0, show_default=True, type=click.IntRange(0),
+              help="Hold the EOS token back until a row has this many tokens (as transformers' "
+                   "min_new_tokens; stop strings still end it sooner). A min_tokens column "
+                   "overrides it.")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
               callback=finite,
               help="Sampling temperature; 0 (or anything below 1e-5) means greedy. A "
@@ -344,7 +348,8 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         id_column=o["id_column"], messages_column=o["messages_column"],
         output_prefix=o["output_prefix"],
         chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
-        overwrite=o["overwrite"], max_tokens=o["max_tokens"], temperature=o["temperature"],
+        overwrite=o["overwrite"], max_tokens=o["max_tokens"], min_tokens=o["min_tokens"],
+        temperature=o["temperature"],
         top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"], seed=o["seed"],
         stop=tuple(o["stop"]),
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],

@@ -66,6 +66,7 @@ class JobConfig:
     n: int = 1
     overwrite: bool = False
     max_tokens: int = 256
+    min_tokens: int = 0
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -97,7 +98,8 @@ class JobConfig:
 
     def sampling_params(self) -> SamplingParams:
         """The job-wide defaults as engine SamplingParams (rows may override fields)."""
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
+        return SamplingParams(max_tokens=self.max_tokens, min_tokens=self.min_tokens,
+                              temperature=self.temperature,
                               top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               seed=self.seed, stop=self.stop,
                               repetition_penalty=self.repetition_penalty,
@@ -105,9 +107,10 @@ class JobConfig:
                               presence_penalty=self.presence_penalty, logprobs=self.logprobs)
 
     def _optional_sampling(self) -> dict[str, float]:
-        """min_p and the penalties where they are on (manifests of jobs without them stay
-        resumable)."""
+        """min_tokens, min_p and the penalties where they are on (manifests of jobs without them
+        stay resumable)."""
         return {name: value for name, value, off in (
+            ("min_tokens", self.min_tokens, 0),
             ("min_p", self.min_p, 0.0),
             ("repetition_penalty", self.repetition_penalty, 1.0),
             ("frequency_penalty", self.frequency_penalty, 0.0),

@@ -48,8 +48,9 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
               f"{engine.model_name} ({engine.model_context} tokens): positions beyond it are "
               "ones the model was not trained on", file=sys.stderr)
     if unapplied := _unapplied_generation_config(engine.unapplied_generation_config, config):
-        hint = (" (--repetition-penalty applies one)"
-                if any(f.startswith("repetition_penalty ") for f in unapplied) else "")
+        names = [f.split(" ", 1)[0] for f in unapplied]
+        apply_with = [option for name, option in _APPLIED_BY.items() if name in names]
+        hint = f" ({' / '.join(apply_with)} can apply it)" if apply_with else ""
         print(f"note: the generation_config.json of {engine.model_name} sets "
               f"{', '.join(unapplied)}, which transformers' generate applies and eaglebatch does "
               f"not{hint}", file=sys.stderr)
@@ -60,8 +61,13 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
                         config.output_dir, config.output_prefix, config.logprobs)
 
 
+# generation_config.json fields that an option of the job applies
+_APPLIED_BY = {"repetition_penalty": "--repetition-penalty", "min_new_tokens": "--min-tokens"}
+
+
 def _unapplied_generation_config(fields: list[str], config: JobConfig) -> list[str]:
     """generation_config.json's fields ('name value') that the job does not apply: all of them
-    but a repetition_penalty where the job sets one (its own value, which it applies)."""
-    return [f for f in fields
-            if not (f.startswith("repetition_penalty ") and config.repetition_penalty != 1.0)]
+    but those whose option the job sets (its own value, which it applies)."""
+    set_by_job = {"repetition_penalty": config.repetition_penalty != 1.0,
+                  "min_new_tokens": config.min_tokens != 0}
+    return [f for f in fields if not set_by_job.get(f.split(" ", 1)[0], False)]

@@ -48,8 +48,8 @@ SAMPLE_INDEX_FIELD = pa.field("sample_index", pa.int32())
 LOGPROBS_FIELD = pa.field("completion_logprobs", pa.list_(pa.float32()))
 
 # Optional input columns that override the job's sampling options row by row.
-OVERRIDE_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                    "repetition_penalty", "frequency_penalty", "presence_penalty")
+OVERRIDE_COLUMNS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                    "stop", "repetition_penalty", "frequency_penalty", "presence_penalty")
 _NUMBER_COLUMNS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                    "presence_penalty")
 
@@ -120,7 +120,7 @@ def is_messages_type(t: pa.DataType) -> bool:
 def _override_type_ok(name: str, t: pa.DataType) -> bool:
     if pa.types.is_null(t):  # every value null (pandas writes an all-None column so): no override
         return True
-    if name in ("max_tokens", "top_k", "seed"):
+    if name in ("max_tokens", "min_tokens", "top_k", "seed"):
         return bool(pa.types.is_integer(t))
     if name in _NUMBER_COLUMNS:
         return bool(pa.types.is_floating(t) or pa.types.is_integer(t))
@@ -128,7 +128,8 @@ def _override_type_ok(name: str, t: pa.DataType) -> bool:
     return _is_list(t) and (is_string(t.value_type) or pa.types.is_null(t.value_type))
 
 
-_OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "top_k": "an integer", "seed": "an integer",
+_OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "min_tokens": "an integer",
+                        "top_k": "an integer", "seed": "an integer",
                         "stop": "list<string>", **{name: "a number" for name in _NUMBER_COLUMNS}}
 
 

@@ -48,6 +48,7 @@ class SamplingParams:
     means no top-k."""
 
     max_tokens: int = 256
+    min_tokens: int = 0  # EOS is held back (its logits -inf) until this many tokens (0 = off)
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -66,6 +67,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # NaN fails too
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

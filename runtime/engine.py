@@ -92,7 +92,8 @@ class Engine:
         if self.proposer is not None:
             self.scheduler.incomplete_from = self.proposer.unwritten_from
             self.scheduler.released = self.proposer.release
-        self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer)
+        self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer,
+                                  self.eos_token_ids)
         if config.cuda_graphs:
             self.runner.graphs = decode_graphs(self, caches)
         if p.device.type == "cpu":

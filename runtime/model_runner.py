@@ -12,7 +12,7 @@ from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
 from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
-from runtime.penalties import penalize
+from runtime.penalties import hold_eos, penalize
 from runtime.sampler import (
     make_sampling_tensors,
     position_uniforms,
@@ -45,12 +45,14 @@ class Proposer(Protocol):
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_caches: dict[str, torch.Tensor], block_size: int,
                  device: torch.device, num_speculative_tokens: int,
-                 proposer: Proposer | None = None) -> None:
+                 proposer: Proposer | None = None,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
         self.proposer = proposer
+        self.eos_token_ids = eos_token_ids  # held back from requests short of min_tokens
         # the most drafts a request verifies in a step: the sampler's rows are this + 1 wide
         self.draft_width = num_speculative_tokens if proposer is not None else 0
         # greedy steps: the argmax without the full float32 head, same bits (runtime.greedy_head)
@@ -102,17 +104,22 @@ class ModelRunner:
         drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
+        # logits that depend on the tokens so far: penalties, EOS held back by min_tokens
         penalized = any(s.params.penalized for s in seqs)
+        held = bool(self.eos_token_ids) and any(s.num_output_tokens < s.params.min_tokens
+                                                for s in seqs)
         want_logprobs = any(s.params.logprobs for s in seqs)
-        if all(s.params.greedy for s in seqs) and not (penalized or want_logprobs):
+        if all(s.params.greedy for s in seqs) and not (penalized or held or want_logprobs):
             best = (self.exact_head.argmax(selected) if self.exact_head is not None
                     else argmax_rows(self.model.compute_logits(selected)))
             argmax = best.index_select(0, padded_index).view(len(rows), width + 1)
             return _emitted(greedy_verify(drafts, num_drafts, argmax)), [None] * len(rows)
         logits = self.model.compute_logits(selected).float()
-        raw = logits.clone() if penalized and want_logprobs else logits
+        raw = logits.clone() if (penalized or held) and want_logprobs else logits
         if penalized:
             penalize(logits, seqs, [r.draft_token_ids for r in rows])
+        if held:
+            hold_eos(logits, seqs, [r.draft_token_ids for r in rows], self.eos_token_ids)
         if all(s.params.greedy for s in seqs):
             argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
             tokens = _emitted(greedy_verify(drafts, num_drafts, argmax))

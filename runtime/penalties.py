@@ -1,4 +1,5 @@
-"""Repetition, frequency and presence penalties on a step's logits, as vLLM defines them.
+"""Repetition, frequency and presence penalties on a step's logits, as vLLM defines them, and
+min_tokens, which holds EOS back.
 
 A request's logits at a verified position are penalized with the tokens that precede that
 position: its prompt and outputs, then the drafts before it. So the logits that verify draft j
@@ -11,7 +12,9 @@ penalized request still samples exactly the same tokens with or without a drafte
 - frequency_penalty f: each token's logit minus f times its count among the outputs;
 - presence_penalty p: each token's logit minus p once it occurs among the outputs.
 
-In that order, on the raw logits, before temperature, top-k and top-p. Only the logits of the
+In that order, on the raw logits, before temperature, top-k and top-p. min_tokens n: the EOS
+ids' logits are -inf at a position with fewer than n outputs before it (transformers'
+min_new_tokens; vLLM's min_tokens, which holds its stop strings back too). Only the logits of the
 tokens a row has seen change, so they are gathered, penalized and written back: a batch of 64
 rows reads a few thousand logits, not 64 whole vocabularies.
 """
@@ -78,4 +81,22 @@ def penalize(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> Tens
     values = values - f * count
     values = values - p * (count > 0)
     logits[index] = values
+    return logits
+
+
+def hold_eos(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]],
+             eos_token_ids: frozenset[int]) -> Tensor:
+    """-inf in place for the EOS ids' logits at every row with fewer than its request's
+    min_tokens outputs (and drafts) before it; rows laid out as for penalize."""
+    held: list[int] = []
+    row = 0
+    for seq, draft in zip(seqs, drafts, strict=True):
+        positions = len(draft) + 1
+        short = seq.params.min_tokens - seq.num_output_tokens  # rows j < short are held
+        held += range(row, row + min(max(short, 0), positions))
+        row += positions
+    if held and eos_token_ids:
+        device = logits.device
+        logits[torch.tensor(held, device=device).unsqueeze(1),
+               torch.tensor(sorted(eos_token_ids), device=device)] = float("-inf")
     return logits

@@ -9,8 +9,9 @@ from typing import Any
 from runtime.loader import default_drafter
 
 # sampling options shown only where not at these values (as `eaglebatch generate` spells them)
-_SHOWN_WHEN_SET = (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0),
-                   ("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("seed", None))
+_SHOWN_WHEN_SET = (("min_tokens", 0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
+                   ("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+                   ("presence_penalty", 0.0), ("seed", None))
 
 
 def sampling_line(sampling: Any) -> str:

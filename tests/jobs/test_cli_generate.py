@@ -388,7 +388,7 @@ def test_generation_config_fields_the_engine_does_not_apply_are_named(
     assert result.exit_code == 0, result.output
     assert (f"note: the generation_config.json of {model} sets repetition_penalty 1.05, "
             "suppress_tokens [5, 6], which transformers' generate applies and eaglebatch does "
-            "not (--repetition-penalty applies one)\n") in result.stderr
+            "not (--repetition-penalty can apply it)\n") in result.stderr
     # a job that sets its own repetition penalty applies it: the note names the rest
     penalized = _generate(model, inputs, tmp_path / "out3", "--max-tokens", "2",
                           "--repetition-penalty", "1.05")

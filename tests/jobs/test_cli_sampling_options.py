@@ -4,6 +4,8 @@ checkpoint."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -119,3 +121,23 @@ def test_min_p_one_gives_the_greedy_tokens(tmp_path: Path, tiny_model_dir: Path)
     want = read_parts(tmp_path / "greedy").column("completion_token_ids").to_pylist()
     got = read_parts(tmp_path / "out").column("completion_token_ids").to_pylist()
     assert [g == w for g, w in zip(got, want, strict=True)] == [True, True, False, True]
+
+
+def test_min_tokens_holds_eos_back_per_option_and_column(tmp_path: Path,
+                                                         tiny_model_dir: Path) -> None:
+    path = write_parquet(tmp_path / "in.parquet", {
+        "prompt": [PROMPTS[0]] * 3, "min_tokens": pa.array([None, 0, 9], pa.int64())})
+    assert _generate(tiny_model_dir, path, tmp_path / "plain", "--no-chat-template").exit_code == 0
+    second = read_parts(tmp_path / "plain").column("completion_token_ids").to_pylist()[0][1]
+    model = tmp_path / "early-eos"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(config | {"eos_token_id": second}))
+    result = _generate(model, path, tmp_path / "out", "--no-chat-template", "--min-tokens", "6")
+    assert result.exit_code == 0, result.output
+    rows = read_parts(tmp_path / "out").to_pylist()
+    # --min-tokens 6 (null column), the column's 0 (ends at the EOS, its 2nd token), its 9
+    assert [r["completion_tokens"] >= n for r, n in zip(rows, (6, 2, 9), strict=True)] == [
+        True, True, True]
+    assert rows[1]["completion_tokens"] == 2 and rows[1]["finish_reason"] == "stop"
+    assert second not in rows[0]["completion_token_ids"][:6]
