@@ -21,6 +21,7 @@ from runtime.config import (
     MAX_DRAFT_TOKENS,
     MAX_PENALTY,
     MAX_TOP_K,
+    REPETITION_PENALTY_RANGE,
     EngineConfig,
 )
 from runtime.loader import default_drafter
@@ -155,7 +156,7 @@ def main() -> None:
               help="Drop the tokens less likely than this times the most likely one, after the "
                    "temperature (0 = off; as vLLM's min_p). A min_p column overrides it.")
 @click.option("--repetition-penalty", default=1.0, show_default=True,
-              type=click.FloatRange(0, min_open=True), callback=finite,
+              type=click.FloatRange(*REPETITION_PENALTY_RANGE), callback=finite,
               help="Divide the logit of every token already in the prompt or the completion by "
                    "this where it is positive, multiply it where not (1 = off; above 1 "
                    "discourages repeats; as transformers' and vLLM's repetition_penalty). "
@@ -175,7 +176,8 @@ def main() -> None:
                    "under the model's own distribution (the log-softmax of its logits, before "
                    "penalties, temperature, min-p, top-k and top-p; as vLLM's default "
                    "logprobs), one "
-                   "per completion_token_ids entry. Greedy rows then compute the whole head.")
+                   "per completion_token_ids entry; in float32 on the CPU the same with or "
+                   "without a drafter. Greedy rows then compute the whole head.")
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens; each row draws "
                    "from its own seed, derived from this one and the row id (rows with the same "

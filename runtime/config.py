@@ -38,6 +38,9 @@ GREEDY_BELOW = 1e-5
 
 
 MAX_TOP_K = 2**31 - 1  # (a top-k at or above the vocabulary's size is no cut at all)
+# Beyond it a float32 logit divided by it overflows (1e-38 made every seen token +inf), and a
+# logit of 0 times it is NaN; useful values lie around 1-1.5
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_PENALTY = 2.0  # frequency and presence penalties lie in [-2, 2], as in OpenAI's API and vLLM
 MAX_DRAFT_TOKENS = 32  # k: a verification of more rows costs more than drafts save anywhere
 
@@ -81,8 +84,9 @@ class SamplingParams:
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError("repetition_penalty must be a finite number > 0 (1 = off), got "
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:  # NaN fails too
+            raise ValueError(f"repetition_penalty must be in [{low:g}, {high:g}] (1 = off), got "
                              f"{self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)

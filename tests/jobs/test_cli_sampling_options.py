@@ -85,7 +85,7 @@ def test_a_bad_penalty_in_a_row_fails_that_row_only(tmp_path: Path,
     assert [r["error"] for r in rows] == [
         None,
         "bad per-row sampling option: frequency_penalty must be in [-2, 2] (0 = off), got 2.5",
-        "bad per-row sampling option: repetition_penalty must be a finite number > 0 (1 = off), "
+        "bad per-row sampling option: repetition_penalty must be in [0.01, 100] (1 = off), "
         "got nan"]
 
 

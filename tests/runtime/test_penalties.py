@@ -151,8 +151,10 @@ def test_penalize_counts_prompt_outputs_and_the_drafts_before_each_position() ->
 
 
 def test_sampling_params_refuse_out_of_range_penalties() -> None:
-    for bad, message in ((dict(repetition_penalty=0.0), "repetition_penalty must be a finite "
-                          "number > 0"),
+    for bad, message in ((dict(repetition_penalty=0.0), r"repetition_penalty must be in "
+                          r"\[0.01, 100\] \(1 = off\), got 0.0"),
+                         (dict(repetition_penalty=1e-38), "repetition_penalty must be in"),
+                         (dict(repetition_penalty=101.0), "repetition_penalty must be in"),
                          (dict(repetition_penalty=float("inf")), "repetition_penalty"),
                          (dict(frequency_penalty=2.5), r"frequency_penalty must be in \[-2, 2\]"),
                          (dict(presence_penalty=float("nan")), "presence_penalty must be in")):
