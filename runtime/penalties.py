@@ -24,7 +24,6 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Sequence as Seq
-from itertools import repeat
 
 import torch
 from torch import Tensor
@@ -36,11 +35,8 @@ def penalize(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> Tens
     """Penalize `logits` ([rows, vocab] float32) in place and return them. Request b owns
     len(drafts[b]) + 1 consecutive rows, after those of the requests before it: one per draft
     it verifies in this step (drafts[b]), then the one after its last draft."""
-    rows: list[int] = []  # the penalized rows
-    entries: list[int] = []  # per penalized row, how many of its tokens are penalized
-    tokens: list[int] = []  # per entry: a token the row has seen
-    counts: list[int] = []  # and its count among the outputs (and drafts) before the row
-    penalties: list[tuple[float, float, float]] = []
+    seen = _Entries()  # repetition: the prompt's and the outputs' tokens
+    counted = _Entries()  # frequency and presence: the outputs' tokens, with their counts
     row = 0
     for seq, draft in zip(seqs, drafts, strict=True):
         params = seq.params
@@ -48,40 +44,78 @@ def penalize(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> Tens
             row += len(draft) + 1
             continue
         outputs = Counter(seq.output_token_ids)
-        seen = list(outputs.keys() | (set(seq.token_ids[:seq.num_prompt_tokens])
-                                      if params.repetition_penalty != 1.0 else set()))
-        seen_counts = list(map(outputs.get, seen, repeat(0)))
+        prompt, prompt_tokens = _prompt_tokens(seq) if params.repetition_penalty != 1.0 else (
+            frozenset(), None)
         for j in range(len(draft) + 1):
             if j:  # the draft before this row: one more output
-                token = draft[j - 1]
-                if outputs[token] == 0 and token not in seen:
-                    seen.append(token)
-                    seen_counts.append(0)
-                outputs[token] += 1
-                seen_counts[seen.index(token)] += 1
-            rows.append(row)
-            entries.append(len(seen))
-            tokens += seen
-            counts += seen_counts
-            penalties.append((params.repetition_penalty, params.frequency_penalty,
-                              params.presence_penalty))
+                outputs[draft[j - 1]] += 1
+            if prompt_tokens is not None:
+                seen.add(row, params.repetition_penalty, [t for t in outputs if t not in prompt],
+                         prompt_tokens)
+            if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
+                counted.add(row, (params.frequency_penalty, params.presence_penalty),
+                            list(outputs), counts=list(outputs.values()))
             row += 1
-    if not tokens:  # (no outputs yet, and no repetition penalty)
-        return logits
-    device = logits.device
-    per_row = torch.tensor(entries, device=device)
-    index = (torch.tensor(rows, device=device).repeat_interleave(per_row),
-             torch.frombuffer(array("q", tokens), dtype=torch.int64).to(device))
-    # (an array converts a list of ints ~10x faster than torch.tensor)
-    count = torch.frombuffer(array("q", counts), dtype=torch.int64).to(device, torch.float32)
-    r, f, p = torch.tensor(penalties, dtype=torch.float32, device=device).repeat_interleave(
-        per_row, dim=0).unbind(-1)
-    values = logits[index]
-    values = torch.where(values > 0, values / r, values * r)
-    values = values - f * count
-    values = values - p * (count > 0)
-    logits[index] = values
+    if seen.rows:
+        index, r, _ = seen.tensors(logits.device)
+        values = logits[index]
+        logits[index] = torch.where(values > 0, values / r[:, 0], values * r[:, 0])
+    if counted.rows:
+        index, fp, count = counted.tensors(logits.device)
+        values = logits[index] - fp[:, 0] * count
+        logits[index] = values - fp[:, 1] * (count > 0)
     return logits
+
+
+def _prompt_tokens(seq: Sequence) -> tuple[frozenset[int], array[int]]:
+    """The prompt's distinct tokens, as a set and as an array; made once per request (kept on
+    it: a long prompt's tokens were most of a step's penalty work)."""
+    if seq.prompt_tokens_seen is None:
+        distinct = frozenset(seq.token_ids[:seq.num_prompt_tokens])
+        seq.prompt_tokens_seen = (distinct, array("q", sorted(distinct)))
+    return seq.prompt_tokens_seen
+
+
+class _Entries:
+    """(row, token) pairs to penalize, with each row's penalties and each pair's count, gathered
+    as Python lists and arrays and turned into tensors at once."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []  # one per penalized row
+        self.sizes: list[int] = []  # its number of pairs
+        self.penalties: list[tuple[float, ...]] = []  # its penalties
+        self.tokens: list[int] = []  # per pair, a token
+        self.counts: list[int] = []  # and its count (counted entries only)
+        self.shared: list[tuple[int, array[int]]] = []  # (row, tokens) added as one array
+
+    def add(self, row: int, penalties: float | tuple[float, ...], tokens: list[int],
+            shared: array[int] | None = None, counts: list[int] | None = None) -> None:
+        self.rows.append(row)
+        self.sizes.append(len(tokens) + (len(shared) if shared is not None else 0))
+        self.penalties.append(penalties if isinstance(penalties, tuple) else (penalties,))
+        self.tokens += tokens
+        if counts is not None:
+            self.counts += counts
+        if shared is not None:
+            self.shared.append((len(self.tokens), shared))
+
+    def tensors(self, device: torch.device) -> tuple[tuple[Tensor, Tensor], Tensor, Tensor]:
+        """((row, token) index, per-pair penalties [pairs, n], per-pair counts [pairs])."""
+        own = torch.frombuffer(array("q", self.tokens), dtype=torch.int64) if self.tokens \
+            else torch.empty(0, dtype=torch.int64)  # (an array converts ~10x faster)
+        # each row's pairs: its own tokens, then its shared array (in the order they were added)
+        pieces, at = [], 0
+        for end, shared in self.shared:
+            pieces += [own[at:end], torch.frombuffer(shared, dtype=torch.int64)]
+            at = end
+        tokens = torch.cat([*pieces, own[at:]]) if pieces else own
+        sizes = torch.tensor(self.sizes)
+        rows = torch.tensor(self.rows).repeat_interleave(sizes)
+        penalties = torch.tensor(self.penalties, dtype=torch.float32).repeat_interleave(sizes,
+                                                                                        dim=0)
+        counts = (torch.frombuffer(array("q", self.counts), dtype=torch.int64).float()
+                  if self.counts else torch.zeros(len(tokens)))
+        return ((rows.to(device), tokens.to(device)), penalties.to(device), counts.to(device))
 
 
 def hold_eos(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]],

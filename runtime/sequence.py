@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 
 from runtime.config import SamplingParams
 from runtime.speculative.ngram import NgramIndex
@@ -23,7 +24,7 @@ class Sequence:
                  "draft_token_ids", "status", "finish_reason", "stop_string", "arrival",
                  "num_drafted", "num_accepted", "num_draft_steps",
                  "accepted_per_position", "num_preemptions", "ngram_index", "may_draft",
-                 "output_logprobs")
+                 "output_logprobs", "prompt_tokens_seen")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival: int, num_speculative_tokens: int) -> None:
@@ -48,6 +49,8 @@ class Sequence:
         self.may_draft = True
         # with params.logprobs: one per output token (SamplingParams.logprobs)
         self.output_logprobs: list[float] = []
+        # the prompt's distinct tokens (a set and an array), made by runtime.penalties
+        self.prompt_tokens_seen: tuple[frozenset[int], array[int]] | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
