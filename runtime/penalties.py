@@ -15,8 +15,8 @@ penalized request still samples exactly the same tokens with or without a drafte
 In that order, on the raw logits, before temperature, top-k and top-p. min_tokens n: the EOS
 ids' logits are -inf at a position with fewer than n outputs before it (transformers'
 min_new_tokens; vLLM's min_tokens, which holds its stop strings back too). Only the logits of the
-tokens a row has seen change, so they are gathered, penalized and written back: a batch of 64
-rows reads a few thousand logits, not 64 whole vocabularies.
+tokens a row has seen change, so only those are gathered, penalized and written back, not
+whole vocabularies.
 """
 
 from __future__ import annotations
