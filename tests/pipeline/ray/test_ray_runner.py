@@ -120,6 +120,26 @@ def test_two_workers_write_what_the_local_runner_writes(
     assert wait_until_gone(pids) == set()  # the job stops its workers
 
 
+def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
+        local_ray: None, inputs: Path, tiny_model_dir: Path, tiny_engine: Engine,
+        tmp_path: Path) -> None:
+    """Penalties, min_p, min_tokens and logprobs reach the workers: their part files are the
+    local runner's, completion_logprobs included."""
+    options: dict[str, Any] = dict(temperature=0.9, seed=5, min_p=0.05, min_tokens=3,
+                                   repetition_penalty=1.2, frequency_penalty=0.3, logprobs=True)
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    run_job(job_config(inputs, local, tiny_model_dir, workers=None, **options),
+            lambda c: tiny_engine, progress=False)
+    run_job(job_config(inputs, on_ray, tiny_model_dir, workers=1, **options),
+            LoggedEngines(tmp_path / "engines.log"), progress=False)
+    expected, got = parts(local), parts(on_ray)
+    assert list(got) == list(expected)
+    for name, table in expected.items():
+        assert got[name].equals(table), name
+    logprobs = read_parts(on_ray).column("completion_logprobs").to_pylist()
+    assert sum(lp is not None and len(lp) >= 3 for lp in logprobs) == len(IDS) - 1  # 1 error
+
+
 def test_a_worker_killed_mid_shard_loses_only_that_shard(
         local_ray: None, inputs: Path, reference: Path, tiny_model_dir: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
