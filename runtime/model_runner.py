@@ -116,10 +116,11 @@ class ModelRunner:
             return _emitted(greedy_verify(drafts, num_drafts, argmax)), [None] * len(rows)
         logits = self.model.compute_logits(selected).float()
         raw = logits.clone() if (penalized or held) and want_logprobs else logits
+        verified = [r.draft_token_ids for r in rows]
         if penalized:
-            penalize(logits, seqs, [r.draft_token_ids for r in rows])
+            penalize(logits, seqs, verified)
         if held:
-            hold_eos(logits, seqs, [r.draft_token_ids for r in rows], self.eos_token_ids)
+            hold_eos(logits, seqs, verified, self.eos_token_ids)
         if all(s.params.greedy for s in seqs):
             argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
             tokens = _emitted(greedy_verify(drafts, num_drafts, argmax))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
 import torch
@@ -37,11 +38,9 @@ def penalize(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> Tens
     it verifies in this step (drafts[b]), then the one after its last draft."""
     seen = _Entries()  # repetition: the prompt's and the outputs' tokens
     counted = _Entries()  # frequency and presence: the outputs' tokens, with their counts
-    row = 0
-    for seq, draft in zip(seqs, drafts, strict=True):
+    for seq, draft, row in _first_rows(seqs, drafts):
         params = seq.params
         if not params.penalized:
-            row += len(draft) + 1
             continue
         outputs = Counter(seq.output_token_ids)
         prompt, prompt_tokens = _prompt_tokens(seq) if params.repetition_penalty != 1.0 else (
@@ -50,12 +49,11 @@ def penalize(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> Tens
             if j:  # the draft before this row: one more output
                 outputs[draft[j - 1]] += 1
             if prompt_tokens is not None:
-                seen.add(row, params.repetition_penalty, [t for t in outputs if t not in prompt],
-                         prompt_tokens)
+                seen.add(row + j, params.repetition_penalty,
+                         [t for t in outputs if t not in prompt], prompt_tokens)
             if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
-                counted.add(row, (params.frequency_penalty, params.presence_penalty),
+                counted.add(row + j, (params.frequency_penalty, params.presence_penalty),
                             list(outputs), counts=list(outputs.values()))
-            row += 1
     if seen.rows:
         index, r, _ = seen.tensors(logits.device)
         values = logits[index]
@@ -65,6 +63,16 @@ def penalize(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]]) -> Tens
         values = logits[index] - fp[:, 0] * count
         logits[index] = values - fp[:, 1] * (count > 0)
     return logits
+
+
+def _first_rows(seqs: Seq[Sequence], drafts: Seq[Seq[int]]
+                ) -> Iterator[tuple[Sequence, Seq[int], int]]:
+    """Each request with its drafts and its first row: request b owns len(drafts[b]) + 1
+    consecutive rows, after those of the requests before it."""
+    row = 0
+    for seq, draft in zip(seqs, drafts, strict=True):
+        yield seq, draft, row
+        row += len(draft) + 1
 
 
 def _prompt_tokens(seq: Sequence) -> tuple[frozenset[int], array[int]]:
@@ -86,7 +94,8 @@ class _Entries:
         self.penalties: list[tuple[float, ...]] = []  # its penalties
         self.tokens: list[int] = []  # per pair, a token
         self.counts: list[int] = []  # and its count (counted entries only)
-        self.shared: list[tuple[int, array[int]]] = []  # (row, tokens) added as one array
+        # a row's tokens added as one array: (where its own tokens end in `tokens`, the array)
+        self.shared: list[tuple[int, array[int]]] = []
 
     def add(self, row: int, penalties: float | tuple[float, ...], tokens: list[int],
             shared: array[int] | None = None, counts: list[int] | None = None) -> None:
@@ -123,12 +132,9 @@ def hold_eos(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]],
     """-inf in place for the EOS ids' logits at every row with fewer than its request's
     min_tokens outputs (and drafts) before it; rows laid out as for penalize."""
     held: list[int] = []
-    row = 0
-    for seq, draft in zip(seqs, drafts, strict=True):
-        positions = len(draft) + 1
+    for seq, draft, row in _first_rows(seqs, drafts):
         short = seq.params.min_tokens - seq.num_output_tokens  # rows j < short are held
-        held += range(row, row + min(max(short, 0), positions))
-        row += positions
+        held += range(row, row + min(max(short, 0), len(draft) + 1))
     if held and eos_token_ids:
         device = logits.device
         logits[torch.tensor(held, device=device).unsqueeze(1),
