@@ -6,7 +6,7 @@ Every `eaglebatch generate` option lands in exactly one field here (engine optio
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,16 @@ def check_messages_template(messages_column: str | None, chat_template: bool) ->
     """A messages column is rendered with the chat template (generate's and bench's options)."""
     if messages_column is not None and not chat_template:
         raise JobError("--messages-column needs the chat template; drop --no-chat-template")
+
+
+# sampling options a job's fingerprint records only where they differ from JobConfig's default
+OPTIONAL_SAMPLING = ("min_tokens", "min_p", "repetition_penalty", "frequency_penalty",
+                     "presence_penalty")
+
+
+def job_default(name: str) -> Any:
+    """JobConfig's default for the field `name` (the value at which an option is off)."""
+    return next(f.default for f in fields(JobConfig) if f.name == name)
 
 
 @dataclass(frozen=True)
@@ -109,12 +119,8 @@ class JobConfig:
     def _optional_sampling(self) -> dict[str, float]:
         """min_tokens, min_p and the penalties where they are on (manifests of jobs without them
         stay resumable)."""
-        return {name: value for name, value, off in (
-            ("min_tokens", self.min_tokens, 0),
-            ("min_p", self.min_p, 0.0),
-            ("repetition_penalty", self.repetition_penalty, 1.0),
-            ("frequency_penalty", self.frequency_penalty, 0.0),
-            ("presence_penalty", self.presence_penalty, 0.0)) if value != off}
+        return {name: getattr(self, name) for name in OPTIONAL_SAMPLING
+                if getattr(self, name) != job_default(name)}
 
     def placement_options(self) -> dict[str, str]:
         """Where the engine runs, as given: the attention backends sum in other orders and a GPU

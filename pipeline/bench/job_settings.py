@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pipeline.config import job_default
 from runtime.loader import default_drafter
 
-# sampling options shown only where not at these values (as `eaglebatch generate` spells them)
-_SHOWN_WHEN_SET = (("min_tokens", 0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
-                   ("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
-                   ("presence_penalty", 0.0), ("seed", None))
+# sampling options shown only where not at the job's default (as `eaglebatch generate` spells
+# them)
+_SHOWN_WHEN_SET = ("min_tokens", "top_p", "top_k", "min_p", "repetition_penalty",
+                   "frequency_penalty", "presence_penalty", "seed")
 
 
 def sampling_line(sampling: Any) -> str:
@@ -20,8 +21,8 @@ def sampling_line(sampling: Any) -> str:
         return "sampling not recorded"
     parts = [f"max_tokens {sampling.get('max_tokens')}",
              f"temperature {sampling.get('temperature')}"]
-    parts += [f"{name} {sampling[name]}" for name, unset in _SHOWN_WHEN_SET
-              if sampling.get(name, unset) != unset]
+    parts += [f"{name} {sampling[name]}" for name in _SHOWN_WHEN_SET
+              if sampling.get(name, job_default(name)) != job_default(name)]
     if sampling.get("stop"):
         parts.append("stop " + ", ".join(repr(s) for s in sampling["stop"]))
     return ", ".join(parts)
