@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from pipeline.config import JobConfig, JobError, one_line
+from pipeline.config import JobConfig, JobError, job_default, one_line
 from pipeline.shard import ShardContext
 from pipeline.stages.generate import EngineLike
 from pipeline.stages.tokenize import TokenizeOptions
@@ -49,7 +49,7 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
               "ones the model was not trained on", file=sys.stderr)
     if unapplied := _unapplied_generation_config(engine.unapplied_generation_config, config):
         names = [f.split(" ", 1)[0] for f in unapplied]
-        apply_with = [option for name, option in _APPLIED_BY.items() if name in names]
+        apply_with = [option for name, (option, _) in _APPLIED_BY.items() if name in names]
         hint = f" ({' / '.join(apply_with)} can apply it)" if apply_with else ""
         print(f"note: the generation_config.json of {engine.model_name} sets "
               f"{', '.join(unapplied)}, which transformers' generate applies and eaglebatch does "
@@ -61,13 +61,14 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
                         config.output_dir, config.output_prefix, config.logprobs)
 
 
-# generation_config.json fields that an option of the job applies
-_APPLIED_BY = {"repetition_penalty": "--repetition-penalty", "min_new_tokens": "--min-tokens"}
+# generation_config.json fields that an option of the job applies: (the option, its JobConfig field)
+_APPLIED_BY = {"repetition_penalty": ("--repetition-penalty", "repetition_penalty"),
+               "min_new_tokens": ("--min-tokens", "min_tokens")}
 
 
 def _unapplied_generation_config(fields: list[str], config: JobConfig) -> list[str]:
     """generation_config.json's fields ('name value') that the job does not apply: all of them
     but those whose option the job sets (its own value, which it applies)."""
-    set_by_job = {"repetition_penalty": config.repetition_penalty != 1.0,
-                  "min_new_tokens": config.min_tokens != 0}
-    return [f for f in fields if not set_by_job.get(f.split(" ", 1)[0], False)]
+    set_by_job = {name for name, (_, attr) in _APPLIED_BY.items()
+                  if getattr(config, attr) != job_default(attr)}
+    return [f for f in fields if f.split(" ", 1)[0] not in set_by_job]
