@@ -42,6 +42,7 @@ MAX_TOP_K = 2**31 - 1  # (a top-k at or above the vocabulary's size is no cut at
 # logit of 0 times it is NaN; useful values lie around 1-1.5
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_PENALTY = 2.0  # frequency and presence penalties lie in [-2, 2], as in OpenAI's API and vLLM
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API and vLLM's default max_logprobs
 MAX_DRAFT_TOKENS = 32  # k: a verification of more rows costs more than drafts save anywhere
 
 
@@ -66,6 +67,9 @@ class SamplingParams:
     # Completion.logprobs: each generated token's log-probability under the model's own
     # distribution (the log-softmax of its logits, before penalties, temperature, top-k, top-p)
     logprobs: bool = False
+    # Completion.top_logprobs: for each generated token, the top_logprobs most likely tokens of
+    # that distribution and their log-probabilities (0 = off)
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -84,6 +88,9 @@ class SamplingParams:
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}] (0 = off), got "
+                             f"{self.top_logprobs}")
         low, high = REPETITION_PENALTY_RANGE
         if not low <= self.repetition_penalty <= high:  # NaN fails too
             raise ValueError(f"repetition_penalty must be in [{low:g}, {high:g}] (1 = off), got "
@@ -97,6 +104,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Log-probabilities of some kind are asked for: the whole head's logits are needed."""
+        return self.logprobs or self.top_logprobs > 0
 
     @property
     def penalized(self) -> bool:

@@ -225,7 +225,9 @@ class Engine:
             seq.num_computed_tokens = start + n - verified + accepted
             reason, kept = self._append(seq, emitted)
             if logprobs is not None:
-                seq.output_logprobs += logprobs[:kept]
+                seq.output_logprobs += logprobs.values[:kept]
+                if logprobs.top is not None:
+                    seq.output_top_logprobs += logprobs.top[:kept]
             generated += kept
             if verified:
                 # accepted drafts after the token that finished the request (a stop string,
@@ -278,6 +280,7 @@ def _completion(seq: Sequence, error: str | None = None) -> Completion:
         num_draft_steps=seq.num_draft_steps,
         accepted_per_position=tuple(seq.accepted_per_position),
         logprobs=tuple(seq.output_logprobs) if seq.params.logprobs else None,
+        top_logprobs=tuple(seq.output_top_logprobs) if seq.params.top_logprobs else None,
     )
 
 

@@ -14,6 +14,7 @@ from runtime.inputs import SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.penalties import hold_eos, penalize
 from runtime.sampler import (
+    TokenLogprobs,
     make_sampling_tensors,
     position_uniforms,
     target_probs,
@@ -32,7 +33,7 @@ class RunnerOutput(NamedTuple):
     num_drafts_verified: list[int]  # per scheduled seq: draft tokens verified this step
     drafts: list[list[int]]  # per scheduled seq: proposals for the next step ([] without drafter)
     # per scheduled seq: the emitted tokens' log-probabilities, where its params ask for them
-    logprobs: list[list[float] | None]
+    logprobs: list[TokenLogprobs | None]
 
 
 class Proposer(Protocol):
@@ -70,7 +71,7 @@ class ModelRunner:
             hidden, aux = self.model(step.input_ids, step.positions, self.kv_caches, metadata,
                                      aux_ids)
         emitted: list[list[int] | None] = [None] * len(out.scheduled)
-        logprobs: list[list[float] | None] = [None] * len(out.scheduled)
+        logprobs: list[TokenLogprobs | None] = [None] * len(out.scheduled)
         num_verified = [0] * len(out.scheduled)
         if step.sample_rows:
             tokens, token_logprobs = self._sample(out, step, hidden)  # the step's one host sync
@@ -85,7 +86,7 @@ class ModelRunner:
         return RunnerOutput(emitted, num_verified, drafts, logprobs)
 
     def _sample(self, out: SchedulerOutput, step: StepInputs, hidden: torch.Tensor
-                ) -> tuple[list[list[int]], list[list[float] | None]]:
+                ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
         """Each sampling request's emitted tokens, and their log-probabilities where its params
         ask for them."""
         rows = step.sample_rows
@@ -108,7 +109,7 @@ class ModelRunner:
         penalized = any(s.params.penalized for s in seqs)
         held = bool(self.eos_token_ids) and any(s.num_output_tokens < s.params.min_tokens
                                                 for s in seqs)
-        want_logprobs = any(s.params.logprobs for s in seqs)
+        want_logprobs = any(s.params.wants_logprobs for s in seqs)
         if all(s.params.greedy for s in seqs) and not (penalized or held or want_logprobs):
             best = (self.exact_head.argmax(selected) if self.exact_head is not None
                     else argmax_rows(self.model.compute_logits(selected)))
@@ -137,7 +138,8 @@ class ModelRunner:
         if not want_logprobs:
             return tokens, [None] * len(rows)
         return tokens, token_logprobs(raw, [len(r.logits_rows) for r in rows], tokens,
-                                      [s.params.logprobs for s in seqs])
+                                      [s.params.top_logprobs if s.params.wants_logprobs else None
+                                       for s in seqs])
 
 
 def _emitted(sampled: torch.Tensor) -> list[list[int]]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from runtime.config import SamplingParams
 
+TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -41,3 +43,6 @@ class Completion:
     error: str | None = None  # set when finish_reason == "error": why the request could not run
     # with SamplingParams.logprobs: each token's log-probability, one per token_ids entry
     logprobs: tuple[float, ...] | None = None
+    # with SamplingParams.top_logprobs: for each token, the most likely tokens where it was drawn,
+    # as (token id, log-probability) pairs, most likely first (lowest id first among equals)
+    top_logprobs: tuple[TopLogprobs, ...] | None = None

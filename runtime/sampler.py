@@ -4,7 +4,7 @@ The runner builds one SamplingTensors per step (make_sampling_tensors), turns th
 into probabilities with target_probs(), and hands those with each token's uniform
 (position_uniforms) to sample_and_verify(), which emits every token: plain decoding is
 verification with zero draft tokens. token_logprobs() gives the emitted tokens' log-probabilities
-(SamplingParams.logprobs).
+(SamplingParams.logprobs) and the most likely tokens' (SamplingParams.top_logprobs).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from runtime.config import GREEDY_BELOW
+from runtime.config import GREEDY_BELOW, MAX_TOP_LOGPROBS
+from runtime.request import TopLogprobs
 
 
 class SamplingTensors(NamedTuple):
@@ -222,31 +223,60 @@ def _sorted_vocab_probs(
     return torch.zeros_like(scaled).scatter_(-1, order, torch.softmax(sorted_logits, dim=-1))
 
 
-def token_logprobs(logits: torch.Tensor, rows_per_request: list[int], tokens: list[list[int]],
-                   wanted: list[bool]) -> list[list[float] | None]:
-    """The log-softmax of each emitted token's logits row at that token, for the requests that
-    want it. Request b owns rows_per_request[b] consecutive rows of `logits`, and its i-th
-    emitted token was drawn from its i-th row."""
+class TokenLogprobs(NamedTuple):
+    """One request's log-probabilities in one step: each emitted token's (SamplingParams.logprobs)
+    and, where asked (SamplingParams.top_logprobs), the most likely tokens where each was drawn."""
+
+    values: list[float]
+    top: list[TopLogprobs] | None
+
+
+def token_logprobs(logits: Tensor, rows_per_request: list[int], tokens: list[list[int]],
+                   top_n: list[int | None]) -> list[TokenLogprobs | None]:
+    """The log-softmax of each emitted token's logits row, at that token and (top_n[b] > 0) at
+    the row's top_n[b] most likely tokens, for the requests that want them (top_n[b] not None).
+    Request b owns rows_per_request[b] consecutive rows of `logits`, and its i-th emitted token
+    was drawn from its i-th row."""
     index: list[int] = []  # the rows of the emitted tokens that want log-probabilities
     picked: list[int] = []  # those tokens
     starts: list[int] = []  # where each wanting request's tokens begin among them
     start = 0
-    for n, toks, want in zip(rows_per_request, tokens, wanted, strict=True):
-        if want:
+    for n, toks, top in zip(rows_per_request, tokens, top_n, strict=True):
+        if top is not None:
             starts.append(len(index))
             index += range(start, start + len(toks))
             picked += toks
         start += n
     # a row's log-softmax is computed from that row alone: the same bits in any batch
-    values = torch.log_softmax(logits.index_select(0, torch.tensor(index, device=logits.device)),
-                               dim=-1).gather(1, torch.tensor(picked, device=logits.device)
-                                              .unsqueeze(1)).squeeze(1).tolist()
-    out: list[list[float] | None] = []
+    rows = torch.log_softmax(logits.index_select(0, torch.tensor(index, device=logits.device)),
+                             dim=-1)
+    values = rows.gather(1, torch.tensor(picked, device=logits.device).unsqueeze(1)
+                         ).squeeze(1).tolist()
+    most = (_most_likely(rows, min(MAX_TOP_LOGPROBS, rows.shape[-1]))
+            if any(top_n) else None)
+    out: list[TokenLogprobs | None] = []
     at = iter(starts)
-    for toks, want in zip(tokens, wanted, strict=True):
-        if want:
-            first = next(at)
-            out.append(values[first:first + len(toks)])
-        else:
+    for toks, top in zip(tokens, top_n, strict=True):
+        if top is None:
             out.append(None)
+            continue
+        first = next(at)
+        span = slice(first, first + len(toks))
+        out.append(TokenLogprobs(values[span], None if not top or most is None
+                                 else [r[:top] for r in most[span]]))
     return out
+
+
+def _most_likely(logprobs: Tensor, k: int) -> list[TopLogprobs]:
+    """Each row's k largest values with their ids, largest first and, among equal values, the
+    lowest id first (as a stable sort of the row would give): a function of the row alone."""
+    values, ids = logprobs.topk(k, dim=-1)
+    # where tokens outside the k tie with the k-th, topk's choice among them is its own: take
+    # the lowest ids, from a stable sort of those rows
+    tied = ((logprobs >= values[:, -1:]).sum(dim=-1) > k).nonzero().squeeze(1)
+    if tied.numel():
+        sorted_values, order = logprobs.index_select(0, tied).sort(dim=-1, descending=True,
+                                                                   stable=True)
+        values[tied], ids[tied] = sorted_values[:, :k], order[:, :k]
+    return [tuple(sorted(zip(i, v, strict=True), key=lambda pair: (-pair[1], pair[0])))
+            for i, v in zip(ids.tolist(), values.tolist(), strict=True)]

@@ -6,6 +6,7 @@ import enum
 from array import array
 
 from runtime.config import SamplingParams
+from runtime.request import TopLogprobs
 from runtime.speculative.ngram import NgramIndex
 
 
@@ -24,7 +25,7 @@ class Sequence:
                  "draft_token_ids", "status", "finish_reason", "stop_string", "arrival",
                  "num_drafted", "num_accepted", "num_draft_steps",
                  "accepted_per_position", "num_preemptions", "ngram_index", "may_draft",
-                 "output_logprobs", "prompt_tokens_seen")
+                 "output_logprobs", "output_top_logprobs", "prompt_tokens_seen")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival: int, num_speculative_tokens: int) -> None:
@@ -47,8 +48,10 @@ class Sequence:
         # False for a step in which the scheduler found the request room for its tokens but not
         # for drafts (alone, at the edge of the KV cache): it drafts nothing after that step
         self.may_draft = True
-        # with params.logprobs: one per output token (SamplingParams.logprobs)
+        # with params.logprobs / top_logprobs: one per output token (SamplingParams.logprobs,
+        # top_logprobs); the first is filled for either
         self.output_logprobs: list[float] = []
+        self.output_top_logprobs: list[TopLogprobs] = []
         # the prompt's distinct tokens (a set and an array), made by runtime.penalties
         self.prompt_tokens_seen: tuple[frozenset[int], array[int]] | None = None
 
