@@ -21,6 +21,7 @@ from runtime.config import (
     MAX_DRAFT_TOKENS,
     MAX_PENALTY,
     MAX_TOP_K,
+    MAX_TOP_LOGPROBS,
     REPETITION_PENALTY_RANGE,
     EngineConfig,
 )
@@ -178,6 +179,14 @@ def main() -> None:
                    "logprobs), one "
                    "per completion_token_ids entry; in float32 on the CPU the same with or "
                    "without a drafter. Greedy rows then compute the whole head.")
+@click.option("--top-logprobs", default=0, show_default=True,
+              type=click.IntRange(0, MAX_TOP_LOGPROBS), metavar="N",
+              help="Also write completion_top_logprobs: for each generated token, the N most "
+                   "likely tokens of the distribution it was drawn from, as (token_id, logprob) "
+                   "structs, most likely first (the lowest id first among equal values): the "
+                   "log-softmax of the raw logits, as --logprobs (vLLM's logprobs=N, OpenAI's "
+                   "top_logprobs; data for distillation). 0 = off. In float32 on the CPU the "
+                   "same with or without a drafter. Greedy rows then compute the whole head.")
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens; each row draws "
                    "from its own seed, derived from this one and the row id (rows with the same "
@@ -355,7 +364,8 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"], seed=o["seed"],
         stop=tuple(o["stop"]),
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
-        presence_penalty=o["presence_penalty"], logprobs=o["logprobs"], engine=engine, ray=ray)
+        presence_penalty=o["presence_penalty"], logprobs=o["logprobs"],
+        top_logprobs=o["top_logprobs"], engine=engine, ray=ray)
 
 
 from jobs.bench import bench, report  # noqa: E402  (registered once main exists)

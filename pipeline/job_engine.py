@@ -58,7 +58,7 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
                               config.chat_template and has_template, engine.max_model_len,
                               config.sampling_params())
     return ShardContext(engine, options, config.n, config.id_column, has_id_column,
-                        config.output_dir, config.output_prefix, config.logprobs)
+                        config.output_dir, config.output_prefix, config.optional_columns())
 
 
 # generation_config.json fields that an option of the job applies: (the option, its JobConfig field)

@@ -46,6 +46,12 @@ OUTPUT_FIELDS: tuple[pa.Field, ...] = (
 SAMPLE_INDEX_FIELD = pa.field("sample_index", pa.int32())
 # only with --logprobs: each generated token's log-probability, one per completion_token_ids entry
 LOGPROBS_FIELD = pa.field("completion_logprobs", pa.list_(pa.float32()))
+# only with --top-logprobs N: for each generated token, the N most likely tokens where it was
+# drawn, most likely first
+TOP_LOGPROBS_FIELD = pa.field("completion_top_logprobs", pa.list_(pa.list_(pa.struct(
+    [("token_id", pa.int32()), ("logprob", pa.float32())]))))
+# the columns only some jobs write (JobConfig.optional_columns), after the others in this order
+OPTIONAL_FIELDS = (LOGPROBS_FIELD, TOP_LOGPROBS_FIELD)
 
 # Optional input columns that override the job's sampling options row by row.
 OVERRIDE_COLUMNS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
@@ -54,11 +60,14 @@ _NUMBER_COLUMNS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequ
                    "presence_penalty")
 
 
-def output_fields(prefix: str = "", logprobs: bool = False) -> tuple[pa.Field, ...]:
-    """The columns a job adds after the input's, named with --output-prefix before them
-    (completion_logprobs last, with --logprobs)."""
-    return tuple(f.with_name(prefix + f.name)
-                 for f in OUTPUT_FIELDS + ((LOGPROBS_FIELD,) if logprobs else ()))
+def output_fields(prefix: str = "", optional: tuple[str, ...] = ()) -> tuple[pa.Field, ...]:
+    """The columns a job adds after the input's, named with --output-prefix before them, and
+    last those of OPTIONAL_FIELDS named in `optional` (JobConfig.optional_columns)."""
+    unknown = set(optional) - {f.name for f in OPTIONAL_FIELDS}
+    if unknown:
+        raise ValueError(f"no optional output column {sorted(unknown)[0]!r}")
+    return tuple(f.with_name(prefix + f.name) for f in OUTPUT_FIELDS + tuple(
+        f for f in OPTIONAL_FIELDS if f.name in optional))
 
 
 def sample_index_field(prefix: str = "") -> pa.Field:
@@ -66,7 +75,7 @@ def sample_index_field(prefix: str = "") -> pa.Field:
 
 
 def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | None,
-                  prefix: str = "", logprobs: bool = False) -> pa.Schema:
+                  prefix: str = "", optional: tuple[str, ...] = ()) -> pa.Schema:
     """The schema of every part file written for inputs of `input_schema`. The input columns
     keep their types but may hold nulls (a row group that could not be read gives them null;
     input files may differ in whether a column is nullable)."""
@@ -75,7 +84,7 @@ def output_schema(input_schema: pa.Schema, n: int, generated_id_column: str | No
         fields.insert(0, pa.field(generated_id_column, pa.string()))
     if n > 1:
         fields.append(sample_index_field(prefix))
-    return pa.schema(fields + list(output_fields(prefix, logprobs)),
+    return pa.schema(fields + list(output_fields(prefix, optional)),
                      metadata=input_schema.metadata)
 
 
@@ -180,7 +189,7 @@ def check_input_schema(schema: pa.Schema, path: str, config: JobConfig) -> bool:
                            f"be {_OVERRIDE_TYPE_NAMES[name]}, but it is {schema.field(name).type}")
     prefix = config.output_prefix
     reserved = ([sample_index_field(prefix).name] if config.n > 1 else []) + [
-        f.name for f in output_fields(prefix, config.logprobs)]
+        f.name for f in output_fields(prefix, config.optional_columns())]
     clashes = [name for name in names if name in reserved]
     if clashes:
         way = (f"choose another --output-prefix ({prefix!r} makes {clashes[0]!r} too)" if prefix

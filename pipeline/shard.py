@@ -28,7 +28,8 @@ class ShardContext(NamedTuple):
     has_id_column: bool
     output_dir: str
     output_prefix: str = ""  # --output-prefix
-    logprobs: bool = False  # --logprobs: a completion_logprobs column
+    # the optional columns it writes (JobConfig.optional_columns: --logprobs, --top-logprobs)
+    optional_columns: tuple[str, ...] = ()
 
 
 class ShardHooks(NamedTuple):
@@ -61,7 +62,7 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
     generated_ids = None if ctx.has_id_column else row_ids
     write_part(ctx.output_dir, shard.part_name,
                assemble(table, outputs, n, generated_ids, ctx.id_column, ctx.output_prefix,
-                        ctx.logprobs))
+                        ctx.optional_columns))
     return _counts(results, outputs, time.monotonic() - start)
 
 
@@ -96,7 +97,9 @@ def _row_outputs(prepared: Sequence[PreparedRow], results: Sequence[Completion |
                                  len(completion.token_ids), completion.num_drafted,
                                  completion.num_accepted, row.max_tokens_clamped, None,
                                  None if completion.logprobs is None
-                                 else list(completion.logprobs)))
+                                 else list(completion.logprobs),
+                                 None if completion.top_logprobs is None
+                                 else list(completion.top_logprobs)))
     return outputs
 
 

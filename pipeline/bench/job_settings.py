@@ -28,9 +28,10 @@ def sampling_line(sampling: Any) -> str:
     return ", ".join(parts)
 
 
-def columns_line(columns: Any, logprobs: bool = False) -> str:
+def columns_line(columns: Any, logprobs: bool = False, top_logprobs: int = 0) -> str:
     """The columns the job read and the prefix of those it wrote (--output-prefix), and
-    completion_logprobs where it wrote them (--logprobs)."""
+    completion_logprobs / completion_top_logprobs where it wrote them (--logprobs,
+    --top-logprobs)."""
     if not isinstance(columns, dict):
         return "- columns: not recorded"
     read = (f"messages from `{columns['messages']}`" if columns.get("messages")
@@ -38,8 +39,11 @@ def columns_line(columns: Any, logprobs: bool = False) -> str:
     prefix = columns.get("output_prefix")
     wrote = f"`{prefix}completion`, ... (`--output-prefix {prefix}`)" if prefix else \
         "`completion`, ..."
-    if logprobs:
-        wrote += f" with `{prefix or ''}completion_logprobs` (`--logprobs`)"
+    optional = ([f"`{prefix or ''}completion_logprobs` (`--logprobs`)"] if logprobs else []) + (
+        [f"`{prefix or ''}completion_top_logprobs` (`--top-logprobs {top_logprobs}`)"]
+        if top_logprobs else [])
+    if optional:
+        wrote += " with " + " and ".join(optional)
     return f"- {read}, ids from `{columns.get('id')}`; the job's columns {wrote}"
 
 

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from pipeline.atomic import write_atomically
 from pipeline.schema import output_fields, output_schema, sample_index_field
+from runtime.request import TopLogprobs
 
 
 class RowOutput(NamedTuple):
@@ -26,11 +27,13 @@ class RowOutput(NamedTuple):
     max_tokens_clamped: bool
     error: str | None
     completion_logprobs: list[float] | None = None  # written with --logprobs only
+    # written with --top-logprobs only: per token, (token id, log-probability) pairs
+    completion_top_logprobs: list[TopLogprobs] | None = None
 
 
 def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
              generated_ids: Sequence[str] | None, id_column: str, prefix: str = "",
-             logprobs: bool = False) -> pa.Table:
+             optional: tuple[str, ...] = ()) -> pa.Table:
     """Input columns (each row repeated n times when n > 1) + generated columns (their names
     after `prefix`, --output-prefix).
 
@@ -47,10 +50,12 @@ def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,
                                     pa.int64()))
         samples = pa.array([s for _ in range(inputs.num_rows) for s in range(n)], pa.int32())
         table = table.append_column(sample_index_field(prefix), samples)
-    for index, field in enumerate(output_fields(prefix, logprobs)):
-        table = table.append_column(field, pa.array([o[index] for o in outputs], field.type))
+    for field in output_fields(prefix, optional):
+        name = field.name[len(prefix):]  # RowOutput's field
+        table = table.append_column(field, pa.array([getattr(o, name) for o in outputs],
+                                                    field.type))
     schema = output_schema(inputs.schema, n, id_column if generated_ids is not None else None,
-                           prefix, logprobs)
+                           prefix, optional)
     return table.cast(schema)
 
 

@@ -124,9 +124,10 @@ def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
         local_ray: None, inputs: Path, tiny_model_dir: Path, tiny_engine: Engine,
         tmp_path: Path) -> None:
     """Penalties, min_p, min_tokens and logprobs reach the workers: their part files are the
-    local runner's, completion_logprobs included."""
+    local runner's, completion_logprobs and completion_top_logprobs included."""
     options: dict[str, Any] = dict(temperature=0.9, seed=5, min_p=0.05, min_tokens=3,
-                                   repetition_penalty=1.2, frequency_penalty=0.3, logprobs=True)
+                                   repetition_penalty=1.2, frequency_penalty=0.3, logprobs=True,
+                                   top_logprobs=2)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     run_job(job_config(inputs, local, tiny_model_dir, workers=None, **options),
             lambda c: tiny_engine, progress=False)
@@ -138,6 +139,10 @@ def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
         assert got[name].equals(table), name
     logprobs = read_parts(on_ray).column("completion_logprobs").to_pylist()
     assert sum(lp is not None and len(lp) >= 3 for lp in logprobs) == len(IDS) - 1  # 1 error
+    top = read_parts(on_ray).column("completion_top_logprobs").to_pylist()
+    assert [None if t is None else len(t) for t in top] == [
+        None if lp is None else len(lp) for lp in logprobs]
+    assert {len(entries) for t in top if t is not None for entries in t} == {2}
 
 
 def test_a_worker_killed_mid_shard_loses_only_that_shard(
