@@ -70,6 +70,9 @@ class SamplingParams:
     # Completion.top_logprobs: for each generated token, the top_logprobs most likely tokens of
     # that distribution and their log-probabilities (0 = off)
     top_logprobs: int = 0
+    # Completion.prompt_logprobs: each prompt token's log-probability given the tokens before
+    # it (the first has none). The prompt is then computed whole, without prefix-cache hits.
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -214,9 +214,11 @@ class Engine:
                      ) -> tuple[list[Completion], int]:
         finished: list[Completion] = []
         generated = 0
-        for (seq, start, n), emitted, logprobs, verified, drafts in zip(
+        for (seq, start, n), emitted, logprobs, verified, drafts, prompt_logprobs in zip(
                 out.scheduled, result.emitted, result.logprobs, result.num_drafts_verified,
-                result.drafts, strict=True):
+                result.drafts, result.prompt_logprobs, strict=True):
+            if prompt_logprobs is not None:
+                seq.prompt_logprobs += prompt_logprobs
             if emitted is None:  # a prefill chunk that did not reach the end of the prompt
                 seq.num_computed_tokens = start + n
                 continue
@@ -281,6 +283,7 @@ def _completion(seq: Sequence, error: str | None = None) -> Completion:
         accepted_per_position=tuple(seq.accepted_per_position),
         logprobs=tuple(seq.output_logprobs) if seq.params.logprobs else None,
         top_logprobs=tuple(seq.output_top_logprobs) if seq.params.top_logprobs else None,
+        prompt_logprobs=tuple(seq.prompt_logprobs) if seq.params.prompt_logprobs else None,
     )
 
 

@@ -29,12 +29,22 @@ class SampleRow(NamedTuple):
     draft_token_ids: list[int]  # drafts fed this step (len(logits_rows) - 1)
 
 
+class PromptRows(NamedTuple):
+    """A prompt chunk's rows whose log-probabilities its request asks for
+    (SamplingParams.prompt_logprobs): each row's logits give the next prompt token's."""
+
+    seq_index: int  # position in SchedulerOutput.scheduled
+    rows: list[int]  # flat token indices
+    next_tokens: list[int]  # the prompt token after each
+
+
 class StepInputs(NamedTuple):
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     metadata: AttentionMetadata
     sample_rows: list[SampleRow]
     block_tables: list[list[int]]  # per scheduled seq, host copy
+    prompt_rows: list[PromptRows] = []
 
 
 def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_size: int,
@@ -45,6 +55,7 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
     query_lens: list[int] = []
     seq_lens: list[int] = []
     sample_rows: list[SampleRow] = []
+    prompt_rows: list[PromptRows] = []
     for i, (sched, table) in enumerate(zip(out.scheduled, block_tables, strict=True)):
         seq, start, n = sched
         offset = len(input_ids)
@@ -61,6 +72,16 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
             rows = list(range(offset + first, offset + n))
             drafts = seq.draft_token_ids[:end - len(seq.token_ids)]
             sample_rows.append(SampleRow(i, rows, drafts))
+        if seq.needs_prompt_logprobs:
+            # position p gives prompt token p + 1's; those before len(prompt_logprobs) are known
+            # (a recompute after preemption), and the last prompt position samples instead
+            assert start <= len(seq.prompt_logprobs), "no prefix hits before they are known"
+            first = max(start, len(seq.prompt_logprobs))
+            last = min(end, seq.num_prompt_tokens - 1)
+            if first < last:
+                prompt_rows.append(PromptRows(i, list(range(offset + first - start,
+                                                            offset + last - start)),
+                                              seq.token_ids[first + 1:last + 1]))
     md = build_attention_metadata(query_lens, seq_lens, block_tables, slots, device)
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
@@ -68,4 +89,5 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
         metadata=md,
         sample_rows=sample_rows,
         block_tables=block_tables,
+        prompt_rows=prompt_rows,
     )

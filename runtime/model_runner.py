@@ -10,7 +10,7 @@ import torch
 from runtime.cpu_kernels import argmax_rows
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
-from runtime.inputs import SampleRow, StepInputs, prepare_inputs
+from runtime.inputs import PromptRows, SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.penalties import hold_eos, penalize
 from runtime.sampler import (
@@ -27,6 +27,8 @@ from runtime.speculative.rejection_sampler import (
     sample_and_verify,
 )
 
+# prompt rows whose logits are computed at once (SamplingParams.prompt_logprobs)
+PROMPT_LOGITS_ROWS = 256
 
 class RunnerOutput(NamedTuple):
     emitted: list[list[int] | None]  # per scheduled seq: tokens to append (None: no sample)
@@ -34,6 +36,8 @@ class RunnerOutput(NamedTuple):
     drafts: list[list[int]]  # per scheduled seq: proposals for the next step ([] without drafter)
     # per scheduled seq: the emitted tokens' log-probabilities, where its params ask for them
     logprobs: list[TokenLogprobs | None]
+    # per scheduled seq: its prompt chunk's log-probabilities, where its params ask for them
+    prompt_logprobs: list[list[float] | None]
 
 
 class Proposer(Protocol):
@@ -79,11 +83,28 @@ class ModelRunner:
                 emitted[row.seq_index] = toks
                 logprobs[row.seq_index] = lps
                 num_verified[row.seq_index] = len(row.draft_token_ids)
+        prompt_logprobs: list[list[float] | None] = [None] * len(out.scheduled)
+        for chunk in step.prompt_rows:
+            prompt_logprobs[chunk.seq_index] = self._prompt_logprobs(hidden, chunk)
         drafts: list[list[int]] = [[] for _ in out.scheduled]
         if self.proposer is not None:
             features = torch.cat(aux, dim=-1) if aux else hidden
             drafts = self.proposer.propose(step, out, features, emitted, num_verified)
-        return RunnerOutput(emitted, num_verified, drafts, logprobs)
+        return RunnerOutput(emitted, num_verified, drafts, logprobs, prompt_logprobs)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, chunk: PromptRows) -> list[float]:
+        """The log-softmax of each row's logits at the prompt token after it, a slice of rows at
+        a time (a whole chunk's logits would be rows x vocabulary floats at once). A row's
+        logits do not depend on the other rows: the same bits however the prompt is cut."""
+        values: list[float] = []
+        for at in range(0, len(chunk.rows), PROMPT_LOGITS_ROWS):
+            rows = torch.tensor(chunk.rows[at:at + PROMPT_LOGITS_ROWS], device=self.device)
+            tokens = torch.tensor(chunk.next_tokens[at:at + PROMPT_LOGITS_ROWS],
+                                  device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
+            values += torch.log_softmax(logits, dim=-1).gather(
+                1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        return values
 
     def _sample(self, out: SchedulerOutput, step: StepInputs, hidden: torch.Tensor
                 ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:

@@ -46,3 +46,6 @@ class Completion:
     # with SamplingParams.top_logprobs: for each token, the most likely tokens where it was drawn,
     # as (token id, log-probability) pairs, most likely first (lowest id first among equals)
     top_logprobs: tuple[TopLogprobs, ...] | None = None
+    # with SamplingParams.prompt_logprobs: each prompt token's log-probability given those
+    # before it, for prompt tokens 1, 2, ... (len(prompt_token_ids) - 1 values)
+    prompt_logprobs: tuple[float, ...] | None = None

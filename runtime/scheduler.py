@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from runtime.kv.manager import KVCacheManager
+from runtime.kv.manager import ComputedBlocks, KVCacheManager
 from runtime.sequence import Sequence, Status
 
 
@@ -108,7 +108,8 @@ class Scheduler:
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hit = self.kv.get_computed_blocks(seq.token_ids)
+            hit = (ComputedBlocks([], 0) if seq.needs_prompt_logprobs
+                   else self.kv.get_computed_blocks(seq.token_ids))
             num_new = min(len(seq.token_ids) - hit.num_tokens, budget)
             complete = self._complete(seq, hit.num_tokens)
             seq.may_draft = True

@@ -25,7 +25,8 @@ class Sequence:
                  "draft_token_ids", "status", "finish_reason", "stop_string", "arrival",
                  "num_drafted", "num_accepted", "num_draft_steps",
                  "accepted_per_position", "num_preemptions", "ngram_index", "may_draft",
-                 "output_logprobs", "output_top_logprobs", "prompt_tokens_seen")
+                 "output_logprobs", "output_top_logprobs", "prompt_logprobs",
+                 "prompt_tokens_seen")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival: int, num_speculative_tokens: int) -> None:
@@ -52,8 +53,18 @@ class Sequence:
         # top_logprobs); the first is filled for either
         self.output_logprobs: list[float] = []
         self.output_top_logprobs: list[TopLogprobs] = []
+        # with params.prompt_logprobs: those of prompt tokens 1, 2, ... so far (the first has
+        # none); kept through preemption
+        self.prompt_logprobs: list[float] = []
         # the prompt's distinct tokens (a set and an array), made by runtime.penalties
         self.prompt_tokens_seen: tuple[frozenset[int], array[int]] | None = None
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """It asks for prompt log-probabilities and has not all of them yet: its prompt is
+        computed from the start, without prefix-cache hits."""
+        return (self.params.prompt_logprobs
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
 
     @property
     def output_token_ids(self) -> list[int]:
