@@ -187,6 +187,13 @@ def main() -> None:
                    "log-softmax of the raw logits, as --logprobs (vLLM's logprobs=N, OpenAI's "
                    "top_logprobs; data for distillation). 0 = off. In float32 on the CPU the "
                    "same with or without a drafter. Greedy rows then compute the whole head.")
+@click.option("--prompt-logprobs", is_flag=True,
+              help="Also write prompt_logprobs: each prompt token's log-probability given the "
+                   "tokens before it, one per prompt token (the first null), as vLLM's "
+                   "prompt_logprobs: to score or filter text, with --max-tokens 1 and "
+                   "--no-chat-template to score the text alone (else the chat template's "
+                   "tokens are scored too). Such prompts are computed whole, without "
+                   "prefix-cache hits; the same bits however a prompt is cut into chunks.")
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens; each row draws "
                    "from its own seed, derived from this one and the row id (rows with the same "
@@ -365,7 +372,8 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         stop=tuple(o["stop"]),
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
         presence_penalty=o["presence_penalty"], logprobs=o["logprobs"],
-        top_logprobs=o["top_logprobs"], engine=engine, ray=ray)
+        top_logprobs=o["top_logprobs"], prompt_logprobs=o["prompt_logprobs"], engine=engine,
+        ray=ray)
 
 
 from jobs.bench import bench, report  # noqa: E402  (registered once main exists)

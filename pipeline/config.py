@@ -88,6 +88,7 @@ class JobConfig:
     presence_penalty: float = 0.0
     logprobs: bool = False  # a completion_logprobs column
     top_logprobs: int = 0  # a completion_top_logprobs column of this many tokens (0 = none)
+    prompt_logprobs: bool = False  # a prompt_logprobs column
     engine: EngineConfig = field(default_factory=EngineConfig)
     ray: RayConfig | None = None  # None: the local runner (one engine in this process)
 
@@ -116,12 +117,14 @@ class JobConfig:
                               repetition_penalty=self.repetition_penalty,
                               frequency_penalty=self.frequency_penalty,
                               presence_penalty=self.presence_penalty, logprobs=self.logprobs,
-                              top_logprobs=self.top_logprobs)
+                              top_logprobs=self.top_logprobs,
+                              prompt_logprobs=self.prompt_logprobs)
 
     def optional_columns(self) -> tuple[str, ...]:
         """The output columns of pipeline.schema.OPTIONAL_FIELDS the job writes."""
         return ((("completion_logprobs",) if self.logprobs else ())
-                + (("completion_top_logprobs",) if self.top_logprobs else ()))
+                + (("completion_top_logprobs",) if self.top_logprobs else ())
+                + (("prompt_logprobs",) if self.prompt_logprobs else ()))
 
     def _optional_sampling(self) -> dict[str, float]:
         """min_tokens, min_p and the penalties where they are on (manifests of jobs without them
@@ -164,6 +167,7 @@ class JobConfig:
             # only where given, as output_prefix: it adds a column
             **({"logprobs": True} if self.logprobs else {}),
             **({"top_logprobs": self.top_logprobs} if self.top_logprobs else {}),
+            **({"prompt_logprobs": True} if self.prompt_logprobs else {}),
             "chat_template": self.chat_template,
             "n": self.n,
             "shard_rows": self.shard_rows,

@@ -50,8 +50,11 @@ LOGPROBS_FIELD = pa.field("completion_logprobs", pa.list_(pa.float32()))
 # drawn, most likely first
 TOP_LOGPROBS_FIELD = pa.field("completion_top_logprobs", pa.list_(pa.list_(pa.struct(
     [("token_id", pa.int32()), ("logprob", pa.float32())]))))
+# only with --prompt-logprobs: each prompt token's log-probability given those before it, one
+# per prompt token (prompt_tokens of them), the first null
+PROMPT_LOGPROBS_FIELD = pa.field("prompt_logprobs", pa.list_(pa.float32()))
 # the columns only some jobs write (JobConfig.optional_columns), after the others in this order
-OPTIONAL_FIELDS = (LOGPROBS_FIELD, TOP_LOGPROBS_FIELD)
+OPTIONAL_FIELDS = (LOGPROBS_FIELD, TOP_LOGPROBS_FIELD, PROMPT_LOGPROBS_FIELD)
 
 # Optional input columns that override the job's sampling options row by row.
 OVERRIDE_COLUMNS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",

@@ -28,7 +28,8 @@ class ShardContext(NamedTuple):
     has_id_column: bool
     output_dir: str
     output_prefix: str = ""  # --output-prefix
-    # the optional columns it writes (JobConfig.optional_columns: --logprobs, --top-logprobs)
+    # the optional columns it writes (JobConfig.optional_columns: --logprobs, --top-logprobs,
+    # --prompt-logprobs)
     optional_columns: tuple[str, ...] = ()
 
 
@@ -99,7 +100,9 @@ def _row_outputs(prepared: Sequence[PreparedRow], results: Sequence[Completion |
                                  None if completion.logprobs is None
                                  else list(completion.logprobs),
                                  None if completion.top_logprobs is None
-                                 else list(completion.top_logprobs)))
+                                 else list(completion.top_logprobs),
+                                 None if completion.prompt_logprobs is None
+                                 else [None, *completion.prompt_logprobs]))
     return outputs
 
 

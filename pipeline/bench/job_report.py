@@ -262,8 +262,7 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
            if config.get("drafter") else ""),
         f"- {sampling_line(sampling)}, n {config.get('n')}, "
         f"{config.get('shard_rows')} rows per shard, {len(manifest.inputs)} input file(s)",
-        columns_line(config.get("columns"), bool(config.get("logprobs")),
-                     int(config.get("top_logprobs") or 0)),
+        columns_line(config),
     ]
     if manifest.runs:
         what = "its start and every resume" if len(manifest.runs) > 1 else "started"

@@ -28,10 +28,11 @@ def sampling_line(sampling: Any) -> str:
     return ", ".join(parts)
 
 
-def columns_line(columns: Any, logprobs: bool = False, top_logprobs: int = 0) -> str:
-    """The columns the job read and the prefix of those it wrote (--output-prefix), and
-    completion_logprobs / completion_top_logprobs where it wrote them (--logprobs,
-    --top-logprobs)."""
+def columns_line(config: dict[str, Any]) -> str:
+    """The columns the job (its manifest's config) read and the prefix of those it wrote
+    (--output-prefix), and the optional ones it wrote (--logprobs, --top-logprobs,
+    --prompt-logprobs)."""
+    columns = config.get("columns")
     if not isinstance(columns, dict):
         return "- columns: not recorded"
     read = (f"messages from `{columns['messages']}`" if columns.get("messages")
@@ -39,11 +40,14 @@ def columns_line(columns: Any, logprobs: bool = False, top_logprobs: int = 0) ->
     prefix = columns.get("output_prefix")
     wrote = f"`{prefix}completion`, ... (`--output-prefix {prefix}`)" if prefix else \
         "`completion`, ..."
-    optional = ([f"`{prefix or ''}completion_logprobs` (`--logprobs`)"] if logprobs else []) + (
-        [f"`{prefix or ''}completion_top_logprobs` (`--top-logprobs {top_logprobs}`)"]
-        if top_logprobs else [])
+    top = config.get("top_logprobs")
+    optional = [f"`{prefix or ''}{name}` (`{option}`)" for key, name, option in (
+        ("logprobs", "completion_logprobs", "--logprobs"),
+        ("top_logprobs", "completion_top_logprobs", f"--top-logprobs {top}"),
+        ("prompt_logprobs", "prompt_logprobs", "--prompt-logprobs")) if config.get(key)]
     if optional:
-        wrote += " with " + " and ".join(optional)
+        wrote += " with " + (optional[0] if len(optional) == 1
+                             else ", ".join(optional[:-1]) + " and " + optional[-1])
     return f"- {read}, ids from `{columns.get('id')}`; the job's columns {wrote}"
 
 

@@ -29,6 +29,7 @@ class RowOutput(NamedTuple):
     completion_logprobs: list[float] | None = None  # written with --logprobs only
     # written with --top-logprobs only: per token, (token id, log-probability) pairs
     completion_top_logprobs: list[TopLogprobs] | None = None
+    prompt_logprobs: list[float | None] | None = None  # written with --prompt-logprobs only
 
 
 def assemble(inputs: pa.Table, outputs: Sequence[RowOutput], n: int,

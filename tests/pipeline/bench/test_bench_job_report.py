@@ -487,8 +487,8 @@ def test_the_report_names_every_sampling_option_the_job_set(
         "generate", str(inputs), str(out), "--model", str(tiny_model_dir), "--max-tokens", "4",
         "--temperature", "0.5", "--top-p", "0.9", "--min-p", "0.05", "--seed", "3",
         "--repetition-penalty", "1.2", "--presence-penalty", "-0.5", "--stop", "\n\n",
-        "--logprobs", "--top-logprobs", "3", "--output-prefix", "a_", "--kv-cache-memory",
-        "16MiB"])
+        "--logprobs", "--top-logprobs", "3", "--prompt-logprobs", "--output-prefix", "a_",
+        "--kv-cache-memory", "16MiB"])
     assert generated.exit_code == 0, generated.output
     assert _report(str(out))[0] == 0
     report = (out / "report.md").read_text()
@@ -496,5 +496,5 @@ def test_the_report_names_every_sampling_option_the_job_set(
             "presence_penalty -0.5, seed 3, stop '\\n\\n', n 1, 10000 rows per shard, 1 input "
             "file(s)\n") in report
     assert ("; the job's columns `a_completion`, ... (`--output-prefix a_`) with "
-            "`a_completion_logprobs` (`--logprobs`) and `a_completion_top_logprobs` "
-            "(`--top-logprobs 3`)\n") in report
+            "`a_completion_logprobs` (`--logprobs`), `a_completion_top_logprobs` "
+            "(`--top-logprobs 3`) and `a_prompt_logprobs` (`--prompt-logprobs`)\n") in report
