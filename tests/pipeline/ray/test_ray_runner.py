@@ -124,10 +124,10 @@ def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
         local_ray: None, inputs: Path, tiny_model_dir: Path, tiny_engine: Engine,
         tmp_path: Path) -> None:
     """Penalties, min_p, min_tokens and logprobs reach the workers: their part files are the
-    local runner's, completion_logprobs and completion_top_logprobs included."""
+    local runner's, completion_logprobs, completion_top_logprobs and prompt_logprobs included."""
     options: dict[str, Any] = dict(temperature=0.9, seed=5, min_p=0.05, min_tokens=3,
                                    repetition_penalty=1.2, frequency_penalty=0.3, logprobs=True,
-                                   top_logprobs=2)
+                                   top_logprobs=2, prompt_logprobs=True)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     run_job(job_config(inputs, local, tiny_model_dir, workers=None, **options),
             lambda c: tiny_engine, progress=False)
@@ -143,6 +143,9 @@ def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
     assert [None if t is None else len(t) for t in top] == [
         None if lp is None else len(lp) for lp in logprobs]
     assert {len(entries) for t in top if t is not None for entries in t} == {2}
+    scored = read_parts(on_ray).select(["prompt_tokens", "prompt_logprobs"]).to_pylist()
+    assert sum(r["prompt_logprobs"] is not None
+               and len(r["prompt_logprobs"]) == r["prompt_tokens"] > 1 for r in scored) == len(IDS) - 1
 
 
 def test_a_worker_killed_mid_shard_loses_only_that_shard(
