@@ -144,8 +144,8 @@ def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
         None if lp is None else len(lp) for lp in logprobs]
     assert {len(entries) for t in top if t is not None for entries in t} == {2}
     scored = read_parts(on_ray).select(["prompt_tokens", "prompt_logprobs"]).to_pylist()
-    assert sum(r["prompt_logprobs"] is not None
-               and len(r["prompt_logprobs"]) == r["prompt_tokens"] > 1 for r in scored) == len(IDS) - 1
+    assert sum(r["prompt_logprobs"] is not None and len(r["prompt_logprobs"])
+               == r["prompt_tokens"] > 1 for r in scored) == len(IDS) - 1
 
 
 def test_a_worker_killed_mid_shard_loses_only_that_shard(
