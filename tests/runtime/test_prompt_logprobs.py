@@ -81,11 +81,14 @@ def test_prompt_logprobs_are_transformers_log_softmax_at_the_next_prompt_token(
     assert alone["0"][1] == ()
 
 
-@pytest.mark.parametrize("budget", [3, 7, 16])
+@pytest.mark.parametrize("budget", [3, 7, 16, 2048])
 def test_prompt_logprobs_are_the_same_bits_in_any_chunks_and_batch(
-        tiny_model_dir: Path, alone: dict[str, Any], budget: int) -> None:
-    """All requests together, their prompts cut into chunks by a token budget of 3-16: each
-    gets its tokens and prompt log-probabilities alone (==)."""
+        tiny_model_dir: Path, alone: dict[str, Any], budget: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """All requests together, their prompts cut into chunks by a token budget of 3-2048, and
+    the logits computed 5 rows at a time: each gets its tokens and prompt log-probabilities
+    alone (==)."""
+    monkeypatch.setattr("runtime.model_runner.PROMPT_LOGITS_ROWS", 5)
     engine = _engine(tiny_model_dir, max_num_batched_tokens=budget)
     assert _outputs(_run(engine, [WITH] * len(PROMPTS))) == alone
 
