@@ -30,6 +30,7 @@ from runtime.speculative.rejection_sampler import (
 # prompt rows whose logits are computed at once (SamplingParams.prompt_logprobs)
 PROMPT_LOGITS_ROWS = 256
 
+
 class RunnerOutput(NamedTuple):
     emitted: list[list[int] | None]  # per scheduled seq: tokens to append (None: no sample)
     num_drafts_verified: list[int]  # per scheduled seq: draft tokens verified this step
