@@ -177,23 +177,25 @@ def main() -> None:
                    "under the model's own distribution (the log-softmax of its logits, before "
                    "penalties, temperature, min-p, top-k and top-p; as vLLM's default "
                    "logprobs), one "
-                   "per completion_token_ids entry; in float32 on the CPU the same with or "
-                   "without a drafter. Greedy rows then compute the whole head.")
+                   "per completion_token_ids entry; in float32 on the CPU (with --attention-"
+                   "backend auto's C++ kernel) the same with or without a drafter. Greedy rows "
+                   "then compute the whole head.")
 @click.option("--top-logprobs", default=0, show_default=True,
               type=click.IntRange(0, MAX_TOP_LOGPROBS), metavar="N",
               help="Also write completion_top_logprobs: for each generated token, the N most "
                    "likely tokens of the distribution it was drawn from, as (token_id, logprob) "
                    "structs, most likely first (the lowest id first among equal values): the "
                    "log-softmax of the raw logits, as --logprobs (vLLM's logprobs=N, OpenAI's "
-                   "top_logprobs; data for distillation). 0 = off. In float32 on the CPU the "
-                   "same with or without a drafter. Greedy rows then compute the whole head.")
+                   "top_logprobs; data for distillation). 0 = off. The same with or without a "
+                   "drafter as --logprobs. Greedy rows then compute the whole head.")
 @click.option("--prompt-logprobs", is_flag=True,
               help="Also write prompt_logprobs: each prompt token's log-probability given the "
                    "tokens before it, one per prompt token (the first null), as vLLM's "
                    "prompt_logprobs: to score or filter text, with --max-tokens 1 and "
                    "--no-chat-template to score the text alone (else the chat template's "
                    "tokens are scored too). Such prompts are computed whole, without "
-                   "prefix-cache hits; the same bits however a prompt is cut into chunks.")
+                   "prefix-cache hits; in float32 on the CPU (as --logprobs) the same bits "
+                   "however a prompt is cut into chunks.")
 @click.option("--seed", default=None, type=int,
               help="Random seed for sampling, so reruns draw the same tokens; each row draws "
                    "from its own seed, derived from this one and the row id (rows with the same "

@@ -13,14 +13,15 @@ import pyarrow.parquet as pq
 
 from pipeline.bench import markdown as md
 from pipeline.discover import part_name
+from pipeline.schema import OPTIONAL_FIELDS
 from pipeline.stats import Counts
 
 
 def error_reasons(directory: str, shards: dict[int, Counts]) -> str:
     """The most common `error` messages of the committed shards' error rows, read from their
     part files (only where some shard has error rows). The job's error column is a part file's
-    last: `error`, or P + `error` with --output-prefix P (an input column of that name, from an
-    earlier job, comes before it)."""
+    last but the optional ones (--logprobs, ...): `error`, or P + `error` with --output-prefix P
+    (an input column of that name, from an earlier job, comes before it)."""
     with_errors = [s for s, c in shards.items() if c.errors]
     if not with_errors:
         return ""
@@ -31,10 +32,12 @@ def error_reasons(directory: str, shards: dict[int, Counts]) -> str:
     for shard in with_errors:
         path = os.path.join(directory, part_name(shard))
         try:
-            last = pq.read_schema(path).names[-1]
-            if not last.endswith("error"):
-                raise KeyError(last)  # not a part file of a job
-            column = pq.read_table(path, columns=[last]).column(0)
+            names = pq.read_schema(path).names
+            while len(names) > 1 and names[-1].endswith(_OPTIONAL_COLUMNS):
+                names = names[:-1]
+            if not names[-1].endswith("error"):
+                raise KeyError(names[-1])  # not a part file of a job
+            column = pq.read_table(path, columns=[names[-1]]).column(0)
         except (OSError, KeyError, pa.ArrowInvalid):
             unread.append(shard)
             continue
@@ -67,6 +70,7 @@ def error_reasons(directory: str, shards: dict[int, Counts]) -> str:
 
 
 _MAX_REASONS = 10
+_OPTIONAL_COLUMNS = tuple(f.name for f in OPTIONAL_FIELDS)  # after the error column, in order
 # a number, with its minus sign where one stands before it as a sign ('got -0.1', not the dash
 # of 'rows 10-19') and its exponent ('3e-05')
 _NUMBER = re.compile(r"(?:(?<![\w.])-)?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")

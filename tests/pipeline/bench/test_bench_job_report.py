@@ -426,6 +426,20 @@ def test_error_messages_that_differ_only_in_numbers_are_counted_together(
         "(N: a number; messages that differ only in their numbers are counted together)")
 
 
+@pytest.mark.parametrize("prefix", ["", "y_"])
+def test_error_messages_are_read_before_the_optional_columns(tmp_path: Path, prefix: str) -> None:
+    """Found by a reviewer: with --logprobs, --top-logprobs or --prompt-logprobs the error
+    column is not a part file's last, and the report said the part file could not be read."""
+    earlier = {"error": ["an earlier job's", None, None]} if prefix else {}  # an input column
+    write_parquet(tmp_path / "part-00000.parquet", {
+        **earlier, f"{prefix}error": [None, "prompt is empty", None],
+        f"{prefix}completion_logprobs": [None, None, [-0.5]],
+        f"{prefix}prompt_logprobs": [None, None, [None, -1.0]]})
+    report = error_reasons(str(tmp_path), {0: Counts(rows=3, errors=1)})
+    assert report == ("## Error rows by message\n\n| error rows | error |\n| ---: | --- |\n"
+                      "| 1 | `prompt is empty` |")
+
+
 def test_error_messages_keep_a_letter_n_and_numbers_that_do_not_differ(tmp_path: Path) -> None:
     """N stands only for numbers that differ within a group: a message's own capital N and the
     numbers its rows share stay as written."""
