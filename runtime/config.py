@@ -59,6 +59,8 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (0 = off)
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # token ids that end the request as EOS does (also with ignore_eos; held back by min_tokens)
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     # runtime.penalties: 1 / 0 / 0 are off
     repetition_penalty: float = 1.0
@@ -88,6 +90,8 @@ class SamplingParams:
                              "above the vocabulary's size samples from all of it)")
         if not 0 <= self.min_p <= 1:  # NaN fails too
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop token ids must be >= 0, got {min(self.stop_token_ids)}")
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")

@@ -129,8 +129,8 @@ class ModelRunner:
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
         # logits that depend on the tokens so far: penalties, EOS held back by min_tokens
         penalized = any(s.params.penalized for s in seqs)
-        held = bool(self.eos_token_ids) and any(s.num_output_tokens < s.params.min_tokens
-                                                for s in seqs)
+        held = any(s.num_output_tokens < s.params.min_tokens
+                   and (self.eos_token_ids or s.params.stop_token_ids) for s in seqs)
         want_logprobs = any(s.params.wants_logprobs for s in seqs)
         if all(s.params.greedy for s in seqs) and not (penalized or held or want_logprobs):
             best = (self.exact_head.argmax(selected) if self.exact_head is not None

@@ -129,14 +129,18 @@ class _Entries:
 
 def hold_eos(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]],
              eos_token_ids: frozenset[int]) -> Tensor:
-    """-inf in place for the EOS ids' logits at every row with fewer than its request's
-    min_tokens outputs (and drafts) before it; rows laid out as for penalize."""
-    held: list[int] = []
+    """-inf in place for the logits of the EOS ids and the request's stop_token_ids at every
+    row with fewer than its request's min_tokens outputs (and drafts) before it; rows laid out
+    as for penalize."""
+    rows: list[int] = []
+    ids: list[int] = []
     for seq, draft, row in _first_rows(seqs, drafts):
         short = seq.params.min_tokens - seq.num_output_tokens  # rows j < short are held
-        held += range(row, row + min(max(short, 0), len(draft) + 1))
-    if held and eos_token_ids:
+        stops = sorted(eos_token_ids.union(seq.params.stop_token_ids))
+        for held in range(row, row + min(max(short, 0), len(draft) + 1)):
+            rows += [held] * len(stops)
+            ids += stops
+    if rows:
         device = logits.device
-        logits[torch.tensor(held, device=device).unsqueeze(1),
-               torch.tensor(sorted(eos_token_ids), device=device)] = float("-inf")
+        logits[torch.tensor(rows, device=device), torch.tensor(ids, device=device)] = float("-inf")
     return logits

@@ -19,7 +19,8 @@ class StopChecker:
     def check(self, seq: Sequence, max_model_len: int) -> str | None:
         """Called after each appended token. Mutates seq.stop_string when a stop string hits."""
         params = seq.params
-        if not params.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
+        last = seq.token_ids[-1]
+        if (not params.ignore_eos and last in self.eos_token_ids) or last in params.stop_token_ids:
             return "stop"
         if params.stop and self._stop_string(seq) is not None:
             return "stop"
