@@ -204,6 +204,19 @@ def main() -> None:
 @click.option("--stop", multiple=True, callback=lambda ctx, param, value: _stop_strings(value),
               help="Stop generating when this string appears (may be given several times); the "
                    "completion is cut before it. A stop column (list<string>) overrides it.")
+@click.option("--include-stop-str-in-output", is_flag=True,
+              help="Keep the stop string at the end of the completion text instead of cutting "
+                   "it off (vLLM's include_stop_str_in_output).")
+@click.option("--stop-token-ids", default="", metavar="IDS",
+              callback=lambda ctx, param, value: _token_ids(value, "--stop-token-ids"),
+              help="Comma-separated token ids that end a row as EOS does, kept as its last "
+                   "token (vLLM's stop_token_ids; special tokens' text is left out of the "
+                   "completion); also with --ignore-eos, and held back by --min-tokens. A "
+                   "stop_token_ids column (list<integer>) overrides it.")
+@click.option("--ignore-eos", is_flag=True,
+              help="Do not end a row at the model's EOS tokens: generate until --max-tokens, a "
+                   "stop string or a stop token id (vLLM's ignore_eos: synthetic load, fixed "
+                   "lengths).")
 @click.option("--n", "n", default=1, show_default=True, type=click.IntRange(1, 65536),
               help="Samples per prompt, written as n rows with a sample_index column; each gets "
                    "a seed derived from the seed, the row id and the sample index.")
@@ -335,6 +348,17 @@ def _stop_strings(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+def _token_ids(value: str, option: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of token ids",
+                                 param_hint=option) from None
+    if any(i < 0 for i in ids):
+        raise click.BadParameter(f"token ids are >= 0, got {min(ids)}", param_hint=option)
+    return ids
+
+
 def _draft_max_batch(o: dict[str, Any]) -> int | None:
     """--draft-max-batch: given (0: None, any batch), else 4, or 1 with --q4-panels (its
     4-bit products make the plain steps of small batches so cheap that drafting loses from
@@ -371,7 +395,8 @@ def _job_config(o: dict[str, Any]) -> JobConfig:
         overwrite=o["overwrite"], max_tokens=o["max_tokens"], min_tokens=o["min_tokens"],
         temperature=o["temperature"],
         top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"], seed=o["seed"],
-        stop=tuple(o["stop"]),
+        stop=tuple(o["stop"]), stop_token_ids=o["stop_token_ids"], ignore_eos=o["ignore_eos"],
+        include_stop_str_in_output=o["include_stop_str_in_output"],
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
         presence_penalty=o["presence_penalty"], logprobs=o["logprobs"],
         top_logprobs=o["top_logprobs"], prompt_logprobs=o["prompt_logprobs"], engine=engine,

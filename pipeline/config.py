@@ -51,7 +51,8 @@ def check_messages_template(messages_column: str | None, chat_template: bool) ->
 
 # sampling options a job's fingerprint records only where they differ from JobConfig's default
 OPTIONAL_SAMPLING = ("min_tokens", "min_p", "repetition_penalty", "frequency_penalty",
-                     "presence_penalty")
+                     "presence_penalty", "stop_token_ids", "ignore_eos",
+                     "include_stop_str_in_output")
 
 
 def job_default(name: str) -> Any:
@@ -83,6 +84,9 @@ class JobConfig:
     min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # EOS does not end a row (stop strings and stop_token_ids do)
+    include_stop_str_in_output: bool = False  # the completion keeps the stop string
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -114,6 +118,7 @@ class JobConfig:
                               temperature=self.temperature,
                               top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               seed=self.seed, stop=self.stop,
+                              stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                               repetition_penalty=self.repetition_penalty,
                               frequency_penalty=self.frequency_penalty,
                               presence_penalty=self.presence_penalty, logprobs=self.logprobs,
@@ -126,11 +131,12 @@ class JobConfig:
                 + (("completion_top_logprobs",) if self.top_logprobs else ())
                 + (("prompt_logprobs",) if self.prompt_logprobs else ()))
 
-    def _optional_sampling(self) -> dict[str, float]:
-        """min_tokens, min_p and the penalties where they are on (manifests of jobs without them
-        stay resumable)."""
-        return {name: getattr(self, name) for name in OPTIONAL_SAMPLING
-                if getattr(self, name) != job_default(name)}
+    def _optional_sampling(self) -> dict[str, Any]:
+        """min_tokens, min_p, the penalties, ... where they are on (manifests of jobs without
+        them stay resumable); tuples as the lists JSON reads back."""
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name in OPTIONAL_SAMPLING
+                if (value := getattr(self, name)) != job_default(name)}
 
     def placement_options(self) -> dict[str, str]:
         """Where the engine runs, as given: the attention backends sum in other orders and a GPU

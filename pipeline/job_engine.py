@@ -36,6 +36,9 @@ def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfi
 
 
 def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) -> ShardContext:
+    if outside := [t for t in config.stop_token_ids if t >= engine.vocab_size]:
+        raise JobError(f"--stop-token-ids: {outside[0]} is outside the vocabulary of "
+                       f"{engine.model_name} (ids 0 to {engine.vocab_size - 1})")
     has_template = bool(getattr(engine.tokenizer, "chat_template", None))
     if config.messages_column is not None and not has_template:
         raise JobError(f"--messages-column {config.messages_column}: the tokenizer of "
@@ -58,7 +61,8 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
                               config.chat_template and has_template, engine.max_model_len,
                               config.sampling_params())
     return ShardContext(engine, options, config.n, config.id_column, has_id_column,
-                        config.output_dir, config.output_prefix, config.optional_columns())
+                        config.output_dir, config.output_prefix, config.optional_columns(),
+                        config.include_stop_str_in_output)
 
 
 # generation_config.json fields that an option of the job applies: (the option, its JobConfig field)

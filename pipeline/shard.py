@@ -31,6 +31,7 @@ class ShardContext(NamedTuple):
     # the optional columns it writes (JobConfig.optional_columns: --logprobs, --top-logprobs,
     # --prompt-logprobs)
     optional_columns: tuple[str, ...] = ()
+    include_stop: bool = False  # --include-stop-str-in-output
 
 
 class ShardHooks(NamedTuple):
@@ -76,7 +77,7 @@ def _row_ids(table: pa.Table, shard: Shard, ctx: ShardContext) -> list[str]:
 def _row_outputs(prepared: Sequence[PreparedRow], results: Sequence[Completion | None], n: int,
                  ctx: ShardContext) -> list[RowOutput]:
     done = [c for c in results if c is not None]
-    texts = iter(detokenize(done, ctx.engine.tokenizer))
+    texts = iter(detokenize(done, ctx.engine.tokenizer, ctx.include_stop))
     outputs = []
     for index, completion in enumerate(results):
         row = prepared[index // n]

@@ -60,6 +60,7 @@ class Engine:
         self.eos_token_ids = eos_token_ids(model_dir, self.tokenizer)
         self.unapplied_generation_config = unapplied_generation_config(model_dir)
         self.model_context = context_length(self.hf_config)
+        self.vocab_size: int = self.hf_config.vocab_size
         self.max_model_len = config.max_model_len or self.model_context
         k = config.draft_width  # drafts verified per request and step, at most
         positions = self.max_model_len + 2 * k + 2
@@ -176,7 +177,7 @@ class Engine:
         if n >= self.max_model_len:
             return (f"prompt has {n} tokens; the model's context is {self.max_model_len} "
                     "tokens and at least one must be left to generate")
-        ids, vocab = request.prompt_token_ids, self.hf_config.vocab_size
+        ids, vocab = request.prompt_token_ids, self.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:  # the embedding would fail the whole step
             bad = next(t for t in ids if not 0 <= t < vocab)
             return (f"prompt token id {bad} is outside the model's vocabulary (ids 0 to "

@@ -12,7 +12,8 @@ from runtime.loader import default_drafter
 # sampling options shown only where not at the job's default (as `eaglebatch generate` spells
 # them)
 _SHOWN_WHEN_SET = ("min_tokens", "top_p", "top_k", "min_p", "repetition_penalty",
-                   "frequency_penalty", "presence_penalty", "seed")
+                   "frequency_penalty", "presence_penalty", "seed", "stop_token_ids",
+                   "ignore_eos", "include_stop_str_in_output")
 
 
 def sampling_line(sampling: Any) -> str:

@@ -27,6 +27,7 @@ class EngineLike(Protocol):
     max_model_len: int
     model_context: int  # the model's own context, which max_model_len may exceed
     model_name: str
+    vocab_size: int
     unapplied_generation_config: list[str]
 
     def generate(self, requests: Iterable[GenerationRequest],

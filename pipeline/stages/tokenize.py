@@ -149,6 +149,8 @@ def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
     changes = {name: value for name, value in overrides.items() if value is not None}
     if "stop" in changes:
         changes["stop"] = tuple(s for s in changes["stop"] if s)
+    if "stop_token_ids" in changes:
+        changes["stop_token_ids"] = tuple(t for t in changes["stop_token_ids"] if t is not None)
     try:
         params = replace(options.defaults, **changes)
     except ValueError as exc:

@@ -384,6 +384,7 @@ class _SignalDuringShard:
         self.max_model_len, self.model_name = engine.max_model_len, engine.model_name
         self.unapplied_generation_config = engine.unapplied_generation_config
         self.model_context = engine.model_context
+        self.vocab_size = engine.vocab_size
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_step: Callable[[int], None] | None = None) -> Iterator[Completion]:
