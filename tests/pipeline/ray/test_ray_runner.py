@@ -127,7 +127,9 @@ def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
     local runner's, completion_logprobs, completion_top_logprobs and prompt_logprobs included."""
     options: dict[str, Any] = dict(temperature=0.9, seed=5, min_p=0.05, min_tokens=3,
                                    repetition_penalty=1.2, frequency_penalty=0.3, logprobs=True,
-                                   top_logprobs=2, prompt_logprobs=True)
+                                   top_logprobs=2, prompt_logprobs=True, ignore_eos=True,
+                                   stop_token_ids=(7, 9), stop=("a",),
+                                   include_stop_str_in_output=True)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     run_job(job_config(inputs, local, tiny_model_dir, workers=None, **options),
             lambda c: tiny_engine, progress=False)
@@ -137,8 +139,12 @@ def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
     assert list(got) == list(expected)
     for name, table in expected.items():
         assert got[name].equals(table), name
-    logprobs = read_parts(on_ray).column("completion_logprobs").to_pylist()
-    assert sum(lp is not None and len(lp) >= 3 for lp in logprobs) == len(IDS) - 1  # 1 error
+    rows = read_parts(on_ray).to_pylist()
+    logprobs = [r["completion_logprobs"] for r in rows]
+    assert sum(lp is not None and len(lp) == r["completion_tokens"] > 0
+               for lp, r in zip(logprobs, rows, strict=True)) == len(IDS) - 1  # 1 error
+    # the stop string "a" ended some rows, kept at the end of their text
+    assert any(r["finish_reason"] == "stop" and r["completion"].endswith("a") for r in rows)
     top = read_parts(on_ray).column("completion_top_logprobs").to_pylist()
     assert [None if t is None else len(t) for t in top] == [
         None if lp is None else len(lp) for lp in logprobs]
