@@ -138,9 +138,10 @@ def main() -> None:
               help="Most tokens generated per row (lowered per row to fit the model's context; "
                    "an input column max_tokens overrides it per row).")
 @click.option("--min-tokens", default=0, show_default=True, type=click.IntRange(0),
-              help="Hold the EOS token back until a row has this many tokens (as transformers' "
-                   "min_new_tokens; stop strings still end it sooner). A min_tokens column "
-                   "overrides it.")
+              help="Hold the EOS token and --stop-token-ids back until a row has this many "
+                   "tokens (as transformers' min_new_tokens), and stop strings too: only one that "
+                   "ends after those tokens' text stops the row, and the text is cut there (as "
+                   "vLLM's min_tokens). A min_tokens column overrides it.")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0),
               callback=finite,
               help="Sampling temperature; 0 (or anything below 1e-5) means greedy. A "

@@ -282,6 +282,7 @@ def _completion(seq: Sequence, error: str | None = None) -> Completion:
         token_ids=tuple(seq.output_token_ids),
         finish_reason=seq.finish_reason or "error",
         stop_string=seq.stop_string,
+        stop_held_tokens=seq.params.min_tokens if seq.stop_string is not None else 0,
         num_drafted=seq.num_drafted,
         num_accepted=seq.num_accepted,
         num_draft_steps=seq.num_draft_steps,

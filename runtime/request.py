@@ -36,6 +36,9 @@ class Completion:
     token_ids: tuple[int, ...]
     finish_reason: str
     stop_string: str | None = None
+    # with stop_string: the first tokens whose text it may not end in (min_tokens held it back),
+    # so the text is cut at its first occurrence that ends after theirs
+    stop_held_tokens: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
     num_draft_steps: int = 0

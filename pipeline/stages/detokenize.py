@@ -24,13 +24,24 @@ def detokenize(completions: Sequence[Completion], tokenizer: Any,
         return []
     texts = tokenizer.batch_decode([list(c.token_ids) for c in completions],
                                    skip_special_tokens=True)
-    return [cut_at_stop(str(text).rstrip(PARTIAL), c.stop_string, include_stop)
-            for text, c in zip(texts, completions, strict=True)]
+    # min_tokens held the stop back from the text of the first tokens (stop_held_tokens)
+    held_chars = [0] * len(completions)
+    held = [i for i, c in enumerate(completions) if c.stop_string and c.stop_held_tokens]
+    if held:
+        prefixes = tokenizer.batch_decode(
+            [list(completions[i].token_ids[:completions[i].stop_held_tokens]) for i in held],
+            skip_special_tokens=True)
+        for i, prefix in zip(held, prefixes, strict=True):
+            held_chars[i] = len(str(prefix).rstrip(PARTIAL))
+    return [cut_at_stop(str(text).rstrip(PARTIAL), c.stop_string, include_stop, chars)
+            for text, c, chars in zip(texts, completions, held_chars, strict=True)]
 
 
-def cut_at_stop(text: str, stop_string: str | None, include_stop: bool = False) -> str:
-    """The text before the stop string's first occurrence (through it, with include_stop)."""
+def cut_at_stop(text: str, stop_string: str | None, include_stop: bool = False,
+                held_chars: int = 0) -> str:
+    """The text before the stop string's first occurrence that ends after its first held_chars
+    characters (through it, with include_stop)."""
     if not stop_string:
         return text
-    at = text.find(stop_string)
+    at = text.find(stop_string, max(0, held_chars - len(stop_string) + 1))
     return text if at < 0 else text[:at + (len(stop_string) if include_stop else 0)]

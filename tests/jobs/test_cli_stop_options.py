@@ -122,3 +122,38 @@ def test_ignore_eos_runs_to_max_tokens_and_stop_strings_kept_on_request(
     report = (tmp_path / "stop1" / "report.md").read_text()
     assert (f"- max_tokens 12, temperature 0.0, ignore_eos True, include_stop_str_in_output "
             f"True, stop {stop!r}, n 1") in report
+
+
+def test_min_tokens_holds_a_stop_string_back(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A stop string whose first occurrence ends inside the first --min-tokens tokens' text
+    ends the row at its next one (as vLLM's min_tokens), and the text is cut there."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    path = write_parquet(tmp_path / "in.parquet", {"prompt": PROMPTS})
+    assert _generate(tiny_model_dir, path, tmp_path / "plain", "--ignore-eos",
+                     "--max-tokens", "24").exit_code == 0
+    cases = []
+    for row in _rows(tmp_path / "plain"):
+        tokens = row["completion_token_ids"]
+        texts = [tokenizer.decode(tokens[:k], skip_special_tokens=True) for k in range(25)]
+        text = texts[-1]
+        for stop in sorted({c for c in text if c.strip()}):
+            first = text.find(stop)
+            if text.find(stop, first + 1) < 0:
+                continue
+            m = next(k for k in range(25) if len(texts[k]) > first)  # its first ends in k
+            end = next(k for k in range(m + 1, 25) if texts[k].find(stop, len(texts[m])) >= 0)
+            cases.append((row["prompt"], stop, m, tokens[:end],
+                          texts[end][:texts[end].index(stop, len(texts[m]))]))
+            break
+    assert cases
+    for prompt, stop, m, tokens, text in cases:
+        single = write_parquet(tmp_path / "one.parquet", {"prompt": [prompt]})
+        out = tmp_path / f"held-{len(tokens)}-{m}"
+        result = _generate(tiny_model_dir, single, out, "--ignore-eos", "--max-tokens", "24",
+                           "--stop", stop, "--min-tokens", str(m))
+        assert result.exit_code == 0, result.output
+        row = _rows(out)[0]
+        assert (row["completion_token_ids"], row["completion"]) == (tokens, text)
+        assert row["finish_reason"] == "stop" and stop in text

@@ -18,12 +18,13 @@ def tokenizer(smollm2_dir: Path) -> PreTrainedTokenizerFast:
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def _feed(tokenizer: PreTrainedTokenizerFast, text: str, stop: tuple[str, ...]
-          ) -> tuple[int | None, str | None]:
+def _feed(tokenizer: PreTrainedTokenizerFast, text: str, stop: tuple[str, ...],
+          min_tokens: int = 0) -> tuple[int | None, str | None]:
     """Appends text's tokens one by one; (how many were appended when a stop string hit, which
     one), or (None, None)."""
     checker = StopChecker(tokenizer, frozenset())
-    seq = Sequence("r", [1], SamplingParams(max_tokens=10_000, stop=stop), 0, 0)
+    seq = Sequence("r", [1], SamplingParams(max_tokens=10_000, stop=stop, min_tokens=min_tokens),
+                   0, 0)
     for token in tokenizer.encode(text, add_special_tokens=False):
         seq.token_ids.append(token)
         if checker.check(seq, 100_000) == "stop":
@@ -90,3 +91,35 @@ def test_drafts_accepted_after_the_stop_are_not_counted(smollm2_dir: Path) -> No
     # cut off by the stop); the prefill gives the first token
     assert stopped.num_accepted + stopped.num_draft_steps in (43, 44)
     assert whole.num_accepted > stopped.num_accepted
+
+
+def _held_back(tokenizer: PreTrainedTokenizerFast, text: str, stop: tuple[str, ...],
+               min_tokens: int) -> tuple[int | None, str | None]:
+    """vLLM's min_tokens for stop strings, by hand: from the (min_tokens + 1)-th token on, the
+    first prefix of the tokens whose text holds a stop that ends after the text of the first
+    min_tokens tokens (the one that begins first)."""
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    held = len(tokenizer.decode(tokens[:min_tokens]).rstrip("\ufffd"))
+    for k in range(min_tokens + 1, len(tokens) + 1):
+        decoded = tokenizer.decode(tokens[:k]).rstrip("\ufffd")
+        hits = [(at, i) for i, s in enumerate(stop)
+                if (at := decoded.find(s, max(0, held - len(s) + 1))) >= 0]
+        if hits:
+            return k, stop[min(hits)[1]]
+    return None, None
+
+
+@pytest.mark.parametrize(("text", "stop"), [
+    ("a\nb\nc\nd\ne\nf", ("\n",)),
+    ("前【答案】中【答案】后【答案】", ("【答案】",)),  # a stop of 9 tokens across the held edge
+    ("xx abc yy bc abc zz", ("abc", "bc")),
+])
+def test_min_tokens_holds_stop_strings_back_as_vllm(tokenizer: PreTrainedTokenizerFast,
+                                                    text: str, stop: tuple[str, ...]) -> None:
+    """With min_tokens n a stop string counts only where it ends after the first n tokens'
+    text, for every n along the text; without, the first one stops."""
+    n_tokens = len(tokenizer.encode(text, add_special_tokens=False))
+    results = [_feed(tokenizer, text, stop, n) for n in range(n_tokens + 1)]
+    assert results == [_held_back(tokenizer, text, stop, n) for n in range(n_tokens + 1)]
+    assert results[0] == _feed(tokenizer, text, stop)
+    assert len({r for r in results if r[0] is not None}) >= 3  # the hold moved the stop

@@ -35,3 +35,25 @@ def test_cut_at_first_occurrence() -> None:
     assert cut_at_stop("a.b.c", ".") == "a"
     assert cut_at_stop("abc", None) == "abc"
     assert cut_at_stop("abc", "x") == "abc"
+
+
+def test_cut_at_the_first_occurrence_past_the_held_text_and_through_it_on_request() -> None:
+    """min_tokens held the stop back from the first held_chars characters: the cut is at its
+    first occurrence that ends after them; include_stop keeps the stop."""
+    assert cut_at_stop("a.b.c", ".", held_chars=1) == "a"  # ends at 2 > 1
+    assert cut_at_stop("a.b.c", ".", held_chars=2) == "a.b"
+    assert cut_at_stop("a..b", "..", held_chars=2) == "a"  # begins inside, ends after
+    assert cut_at_stop("a.b.c", ".", include_stop=True) == "a."
+    assert cut_at_stop("a.b.c", ".", include_stop=True, held_chars=2) == "a.b."
+
+
+def test_a_held_stop_is_cut_past_the_first_tokens_text(tiny_tokenizer: Any) -> None:
+    """Completion.stop_held_tokens: the stop string ' is' first ends inside the first two tokens'
+    text, which min_tokens held it back from; the text is cut at its next occurrence."""
+    ids = tuple(tiny_tokenizer("Paris is the capital, it is.")["input_ids"])
+    held = next(n for n in range(1, len(ids)) if tiny_tokenizer.decode(ids[:n]).endswith(" is"))
+    done = [Completion("0:0", (1,), ids, "stop", stop_string=" is", stop_held_tokens=held),
+            Completion("1:0", (1,), ids, "stop", stop_string=" is")]
+    assert detokenize(done, tiny_tokenizer) == ["Paris is the capital, it", "Paris"]
+    assert detokenize(done, tiny_tokenizer, include_stop=True) == [
+        "Paris is the capital, it is", "Paris is"]
