@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -203,8 +204,11 @@ def main() -> None:
                    "prompt get independent samples). A seed column overrides it for its row "
                    "and is used as given (with --n 1).")
 @click.option("--stop", multiple=True, callback=lambda ctx, param, value: _stop_strings(value),
-              help="Stop generating when this string appears (may be given several times); the "
-                   "completion is cut before it. A stop column (list<string>) overrides it.")
+              help="Stop generating when this string appears in the text (may be given several "
+                   "times); the completion is cut before it (see --include-stop-str-in-output "
+                   "and --min-tokens). Special tokens are left out of the text, so their text "
+                   "never matches: give their ids to --stop-token-ids. A stop column "
+                   "(list<string>) overrides it.")
 @click.option("--include-stop-str-in-output", is_flag=True,
               help="Keep the stop string at the end of the completion text instead of cutting "
                    "it off (vLLM's include_stop_str_in_output).")
@@ -350,14 +354,16 @@ def _stop_strings(value: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _token_ids(value: str, option: str) -> tuple[int, ...]:
-    try:
-        ids = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of token ids",
-                                 param_hint=option) from None
-    if any(i < 0 for i in ids):
-        raise click.BadParameter(f"token ids are >= 0, got {min(ids)}", param_hint=option)
-    return ids
+    """'5, 17,5' -> (5, 17): sorted and once each (the same set resumes a job alike)."""
+    if not value.strip():
+        return ()
+    parts = value.split(",")
+    bad = next((p for p in parts if not re.fullmatch(r"\s*[0-9]+\s*", p)), None)
+    if bad is not None:
+        said = "an empty entry" if not bad.strip() else repr(bad.strip())
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of token ids "
+                                 f"(digits 0-9): {said}", param_hint=option)
+    return tuple(sorted({int(p) for p in parts}))
 
 
 def _draft_max_batch(o: dict[str, Any]) -> int | None:

@@ -40,6 +40,12 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
         raise JobError(f"--stop-token-ids: {outside[0]} is outside the vocabulary of "
                        f"{engine.model_name} (ids 0 to {engine.vocab_size - 1})")
     has_template = bool(getattr(engine.tokenizer, "chat_template", None))
+    special = set(getattr(engine.tokenizer, "all_special_tokens", ()))
+    if unseen := [s for s in config.stop if s in special]:
+        ids = ",".join(str(engine.tokenizer.convert_tokens_to_ids(s)) for s in unseen)
+        print(f"note: --stop {unseen[0]!r} is the text of a special token, which completions "
+              f"leave out, so it never matches; to stop at it, use --stop-token-ids {ids}",
+              file=sys.stderr)
     if config.messages_column is not None and not has_template:
         raise JobError(f"--messages-column {config.messages_column}: the tokenizer of "
                        f"{engine.model_name} has no chat template to render messages with")

@@ -69,10 +69,16 @@ def test_stop_token_ids_option_and_column(tmp_path: Path, tiny_model_dir: Path) 
     result = _generate(tiny_model_dir, path, tmp_path / "bad", "--stop-token-ids", "5,256")
     assert result.exit_code == 2
     assert "error: --stop-token-ids: 256 is outside the vocabulary of" in result.stderr
-    for bad, said in (("5,x", "'5,x' is not a comma-separated list of token ids"),
-                      ("-3", "token ids are >= 0, got -3")):
+    for bad, said in (("5,x", "'5,x' is not a comma-separated list of token ids (digits 0-9): "
+                              "'x'"),
+                      ("-3", "(digits 0-9): '-3'"), ("5,,6", "(digits 0-9): an empty entry"),
+                      ("\u0663", "(digits 0-9): '\u0663'")):
         result = _generate(tiny_model_dir, path, tmp_path / "bad", "--stop-token-ids", bad)
-        assert result.exit_code == 2 and said in result.output
+        assert result.exit_code == 2 and said in result.output, result.output
+    # the same set in another order, repeated, spaced: the same job, which resumes
+    assert _generate(tiny_model_dir, path, tmp_path / "stops", "--ignore-eos",
+                     "--stop-token-ids", " , ".join(map(str, sorted(stops, reverse=True) * 2))
+                     ).exit_code == 0
     strings = write_parquet(tmp_path / "strings.parquet", {"prompt": PROMPTS[:1],
                                                            "stop_token_ids": [["7"]]})
     result = _generate(tiny_model_dir, strings, tmp_path / "strings")
@@ -157,3 +163,21 @@ def test_min_tokens_holds_a_stop_string_back(tmp_path: Path, tiny_model_dir: Pat
         row = _rows(out)[0]
         assert (row["completion_token_ids"], row["completion"]) == (tokens, text)
         assert row["finish_reason"] == "stop" and stop in text
+
+
+def test_a_stop_string_that_is_a_special_tokens_text_is_noted(tmp_path: Path,
+                                                               tiny_model_dir: Path) -> None:
+    """Special tokens are left out of the text, so such a stop string never matches: the job
+    says so and names the token's id for --stop-token-ids."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    eos = tokenizer.eos_token
+    path = write_parquet(tmp_path / "in.parquet", {"prompt": PROMPTS[:1]})
+    result = _generate(tiny_model_dir, path, tmp_path / "out", "--stop", "x", "--stop", eos)
+    assert result.exit_code == 0, result.output
+    assert (f"note: --stop {eos!r} is the text of a special token, which completions leave out, "
+            f"so it never matches; to stop at it, use --stop-token-ids "
+            f"{tokenizer.eos_token_id}\n") in result.stderr
+    assert "special token" not in _generate(tiny_model_dir, path, tmp_path / "plain",
+                                            "--stop", "x").stderr
