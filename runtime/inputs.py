@@ -74,7 +74,9 @@ def prepare_inputs(out: SchedulerOutput, block_tables: list[list[int]], block_si
             sample_rows.append(SampleRow(i, rows, drafts))
         if seq.needs_prompt_logprobs:
             # position p gives prompt token p + 1's; those before len(prompt_logprobs) are known
-            # (a recompute after preemption), and the last prompt position samples instead
+            # (a recompute after preemption), and the last prompt position samples instead.
+            # Example: a 6-token prompt fed as [0, 4) then [4, 6): rows at positions 0-3 give
+            # tokens 1-4, then position 4 gives token 5 and position 5 samples the first output
             assert start <= len(seq.prompt_logprobs), "no prefix hits before they are known"
             first = max(start, len(seq.prompt_logprobs))
             last = min(end, seq.num_prompt_tokens - 1)

@@ -93,7 +93,8 @@ class ModelRunner:
             drafts = self.proposer.propose(step, out, features, emitted, num_verified)
         return RunnerOutput(emitted, num_verified, drafts, logprobs, prompt_logprobs)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, chunk: PromptRows) -> list[float]:
+    def _prompt_logprobs(self, hidden: torch.Tensor,  # [num_tokens, hidden_size]
+                         chunk: PromptRows) -> list[float]:
         """The log-softmax of each row's logits at the prompt token after it, a slice of rows at
         a time (a whole chunk's logits would be rows x vocabulary floats at once). A row's
         logits do not depend on the other rows: the same bits however the prompt is cut."""

@@ -231,7 +231,8 @@ class TokenLogprobs(NamedTuple):
     top: list[TopLogprobs] | None
 
 
-def token_logprobs(logits: Tensor, rows_per_request: list[int], tokens: list[list[int]],
+def token_logprobs(logits: Tensor,  # [rows, vocab] float32, the raw logits
+                   rows_per_request: list[int], tokens: list[list[int]],
                    top_n: list[int | None]) -> list[TokenLogprobs | None]:
     """The log-softmax of each emitted token's logits row, at that token and (top_n[b] > 0) at
     the row's top_n[b] most likely tokens, for the requests that want them (top_n[b] not None).
@@ -267,7 +268,8 @@ def token_logprobs(logits: Tensor, rows_per_request: list[int], tokens: list[lis
     return out
 
 
-def _most_likely(logprobs: Tensor, k: int) -> list[TopLogprobs]:
+def _most_likely(logprobs: Tensor,  # [rows, vocab] float32
+                 k: int) -> list[TopLogprobs]:
     """Each row's k largest values with their ids, largest first and, among equal values, the
     lowest id first (as a stable sort of the row would give): a function of the row alone."""
     values, ids = logprobs.topk(k, dim=-1)
