@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import time
@@ -11,8 +10,9 @@ from typing import Any
 
 import click
 
-from jobs.options import finite, memory_size, not_blank
-from pipeline.config import JobConfig, JobError, RayConfig
+from jobs.generate_config import job_config
+from jobs.options import finite, memory_size, not_blank, stop_strings, token_ids
+from pipeline.config import JobError
 from pipeline.interrupt import JobInterrupted, rerun_hint
 from runtime.config import (
     CLI_DRAFT_CONFIDENCE,
@@ -26,25 +26,10 @@ from runtime.config import (
     REPETITION_PENALTY_RANGE,
     EngineConfig,
 )
-from runtime.loader import default_drafter
 
 _EXIT_USER_ERROR = 2
 
 
-
-
-def _drafter(model: str, option: str) -> str | None:
-    """'none' -> None; 'auto' -> the drafter shipped for the model, if any; else a path."""
-    if option == "none":
-        return None
-    if option == "auto":
-        shipped = default_drafter(model)
-        if shipped is None and model == DEFAULT_MODEL:  # drafters/ is not in a built wheel
-            click.echo(f"note: the drafter shipped for {model} is not installed (it is read "
-                       "from the source tree: install with pip install -e .); decoding "
-                       "without one", err=True)
-        return None if shipped is None else str(shipped)
-    return option
 
 
 @click.group()
@@ -203,7 +188,7 @@ def main() -> None:
                    "from its own seed, derived from this one and the row id (rows with the same "
                    "prompt get independent samples). A seed column overrides it for its row "
                    "and is used as given (with --n 1).")
-@click.option("--stop", multiple=True, callback=lambda ctx, param, value: _stop_strings(value),
+@click.option("--stop", multiple=True, callback=stop_strings,
               help="Stop generating when this string appears in the text (may be given several "
                    "times); the completion is cut before it (see --include-stop-str-in-output "
                    "and --min-tokens). Special tokens are left out of the text, so their text "
@@ -213,7 +198,7 @@ def main() -> None:
               help="Keep the stop string at the end of the completion text instead of cutting "
                    "it off (vLLM's include_stop_str_in_output).")
 @click.option("--stop-token-ids", default="", metavar="IDS",
-              callback=lambda ctx, param, value: _token_ids(value, "--stop-token-ids"),
+              callback=token_ids,
               help="Comma-separated token ids that end a row as EOS does, kept as its last "
                    "token (vLLM's stop_token_ids; special tokens' text is left out of the "
                    "completion); also with --ignore-eos, and held back by --min-tokens. A "
@@ -298,7 +283,7 @@ def generate(**options: Any) -> None:
     previous = {s: signal.signal(s, terminated) for s in (signal.SIGINT, signal.SIGTERM)}
     exiting = False  # on an interrupt: further signals are ignored while the process exits
     try:
-        config = _job_config(options)
+        config = job_config(options)
         summary = run_job(config)
         # the job is done (or stopped by a failure it reports): a signal while the process
         # exits would only turn its exit status into a kill's
@@ -344,70 +329,6 @@ def _ignore_signals() -> bool:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     return True
-
-
-def _stop_strings(value: tuple[str, ...]) -> tuple[str, ...]:
-    if any(not s for s in value):
-        raise click.BadParameter("an empty stop string would end every completion at its first "
-                                 "token", param_hint="--stop")
-    return value
-
-
-def _token_ids(value: str, option: str) -> tuple[int, ...]:
-    """'5, 17,5' -> (5, 17): sorted and once each (the same set resumes a job alike)."""
-    if not value.strip():
-        return ()
-    parts = value.split(",")
-    bad = next((p for p in parts if not re.fullmatch(r"\s*[0-9]+\s*", p)), None)
-    if bad is not None:
-        said = "an empty entry" if not bad.strip() else repr(bad.strip())
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of token ids "
-                                 f"(digits 0-9): {said}", param_hint=option)
-    return tuple(sorted({int(p) for p in parts}))
-
-
-def _draft_max_batch(o: dict[str, Any]) -> int | None:
-    """--draft-max-batch: given (0: None, any batch), else 4, or 1 with --q4-panels (its
-    4-bit products make the plain steps of small batches so cheap that drafting loses from
-    batch 4: 0.89x)."""
-    given = o["draft_max_batch"]
-    if given is None:
-        return 1 if o["q4_panels"] else CLI_DRAFT_MAX_BATCH
-    return given or None
-
-
-def _job_config(o: dict[str, Any]) -> JobConfig:
-    ray_options = {"--num-workers": o["num_workers"], "--ray-address": o["ray_address"],
-                   "--gpus-per-worker": o["gpus_per_worker"]}
-    given = [name for name, value in ray_options.items() if value is not None]
-    if o["runner"] == "local" and given:
-        raise JobError(f"{given[0]} is an option of --runner ray")
-    ray = None if o["runner"] == "local" else RayConfig(
-        o["ray_address"], o["num_workers"], o["gpus_per_worker"])
-    engine = EngineConfig(
-        model=o["model"], drafter=_drafter(o["model"], o["drafter"]),
-        num_speculative_tokens=o["num_speculative_tokens"],
-        draft_confidence=o["draft_confidence"], draft_max_batch=_draft_max_batch(o),
-        draft_int8=o["draft_int8"], q4_panels=o["q4_panels"], draft_ngram=o["draft_ngram"],
-        draft_ngram_tokens=o["draft_ngram_tokens"],
-        attention_backend=o["attention_backend"], cuda_graphs=o["cuda_graphs"],
-        dtype=o["dtype"], device=o["device"], kv_cache_memory=o["kv_cache_memory"],
-        max_num_batched_tokens=o["max_num_batched_tokens"], max_model_len=o["max_model_len"],
-        max_num_seqs=o["max_num_seqs"], block_size=o["block_size"], num_threads=o["threads"])
-    return JobConfig(
-        input=o["input"], output_dir=o["output_dir"], prompt_column=o["prompt_column"],
-        id_column=o["id_column"], messages_column=o["messages_column"],
-        output_prefix=o["output_prefix"],
-        chat_template=not o["no_chat_template"], shard_rows=o["shard_rows"], n=o["n"],
-        overwrite=o["overwrite"], max_tokens=o["max_tokens"], min_tokens=o["min_tokens"],
-        temperature=o["temperature"],
-        top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"], seed=o["seed"],
-        stop=tuple(o["stop"]), stop_token_ids=o["stop_token_ids"], ignore_eos=o["ignore_eos"],
-        include_stop_str_in_output=o["include_stop_str_in_output"],
-        repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
-        presence_penalty=o["presence_penalty"], logprobs=o["logprobs"],
-        top_logprobs=o["top_logprobs"], prompt_logprobs=o["prompt_logprobs"], engine=engine,
-        ray=ray)
 
 
 from jobs.bench import bench, report  # noqa: E402  (registered once main exists)

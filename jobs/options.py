@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import click
 
@@ -33,3 +34,26 @@ def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> f
     if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"{value} is not a finite number")
     return value
+
+
+def stop_strings(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+                 ) -> tuple[str, ...]:
+    """--stop: an empty string is refused (it would end every completion at once)."""
+    if any(not s for s in value):
+        raise click.BadParameter("an empty stop string would end every completion at its first "
+                                 "token")
+    return value
+
+
+def token_ids(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    """'5, 17,5' -> (5, 17): sorted and once each (the same set resumes a job alike); only
+    ASCII digits (Python's int() also reads other scripts' digits)."""
+    if not value.strip():
+        return ()
+    parts = value.split(",")
+    bad = next((p for p in parts if not re.fullmatch(r"\s*[0-9]+\s*", p)), None)
+    if bad is not None:
+        said = "an empty entry" if not bad.strip() else repr(bad.strip())
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of token ids "
+                                 f"(digits 0-9): {said}")
+    return tuple(sorted({int(p) for p in parts}))

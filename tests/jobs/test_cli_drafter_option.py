@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import jobs.cli as cli
+import jobs.generate_config as generate_config
+from jobs.cli import main
 from runtime.config import DEFAULT_MODEL
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -18,13 +19,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_auto_says_so_where_the_shipped_drafter_is_missing(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "default_drafter", lambda model: None)
-    assert cli._drafter(DEFAULT_MODEL, "auto") is None
+    monkeypatch.setattr(generate_config, "default_drafter", lambda model: None)
+    assert generate_config.drafter_path(DEFAULT_MODEL, "auto") is None
     assert capsys.readouterr().err == (
         f"note: the drafter shipped for {DEFAULT_MODEL} is not installed (it is read from the "
         "source tree: install with pip install -e .); decoding without one\n")
     # a model for which none ships: nothing to say
-    assert cli._drafter("some/model", "auto") is None
+    assert generate_config.drafter_path("some/model", "auto") is None
     assert capsys.readouterr().err == ""
 
 
@@ -41,7 +42,7 @@ def test_a_blank_model_or_drafter_is_refused_as_such(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").mkdir()
     shutil.copy(EXAMPLES / "prompts.parquet", tmp_path / "examples")
-    result = CliRunner().invoke(cli.main, [*command, option, " "])
+    result = CliRunner().invoke(main, [*command, option, " "])
     assert result.exit_code == 2
     assert f"Invalid value for '{option}': ' ' is blank: give a name or a path" in result.output
     assert sorted(os.listdir(tmp_path)) == ["examples"]  # nothing written
@@ -82,7 +83,7 @@ def test_values_that_crashed_the_job_are_refused_as_options(
     traceback)."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(EXAMPLES / "prompts.parquet", tmp_path)
-    result = CliRunner().invoke(cli.main, ["generate", "prompts.parquet", "out", *args])
+    result = CliRunner().invoke(main, ["generate", "prompts.parquet", "out", *args])
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert sorted(os.listdir(tmp_path)) == ["prompts.parquet"]
@@ -103,7 +104,7 @@ def test_a_float_option_that_is_not_finite_is_refused_as_such(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").mkdir()
     shutil.copy(EXAMPLES / "prompts.parquet", tmp_path / "examples")
-    result = CliRunner().invoke(cli.main, [*command, option, value])
+    result = CliRunner().invoke(main, [*command, option, value])
     assert result.exit_code == 2
     if value == "inf" and option == "--draft-confidence":  # above the range's 1 anyway
         assert f"Invalid value for '{option}': inf is not in the range 0<=x<1." in result.output

@@ -193,7 +193,7 @@ def test_bad_option_values_exit_2() -> None:
     assert result.exit_code == 2
     result = CliRunner().invoke(main, ["generate", "in", "out", "--stop", "\n", "--stop", ""])
     assert result.exit_code == 2
-    assert ("Invalid value for --stop: an empty stop string would end every completion at its "
+    assert ("Invalid value for '--stop': an empty stop string would end every completion at its "
             "first token") in result.output
 
 

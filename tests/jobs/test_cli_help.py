@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 from click.testing import CliRunner
 
-from jobs.cli import _draft_max_batch, main
+from jobs.cli import main
+from jobs.generate_config import draft_max_batch
 from runtime.config import CLI_DRAFT_MAX_BATCH
 
 
@@ -34,7 +35,7 @@ def test_draft_max_batch_defaults_to_1_with_q4_panels_else_4() -> None:
                  ["--draft-max-batch", "0"]):
         ctx = main.commands["generate"].make_context(
             "generate", ["in.parquet", "out", *args], resilient_parsing=True)
-        seen[" ".join(args)] = _draft_max_batch(ctx.params)
+        seen[" ".join(args)] = draft_max_batch(ctx.params)
     assert seen == {"": CLI_DRAFT_MAX_BATCH, "--q4-panels": 1,
                     "--q4-panels --draft-max-batch 3": 3, "--draft-max-batch 0": None}
     assert CLI_DRAFT_MAX_BATCH == 4
