@@ -136,8 +136,10 @@ def hold_eos(logits: Tensor, seqs: Seq[Sequence], drafts: Seq[Seq[int]],
     ids: list[int] = []
     for seq, draft, row in _first_rows(seqs, drafts):
         short = seq.params.min_tokens - seq.num_output_tokens  # rows j < short are held
+        if short <= 0:
+            continue
         stops = sorted(eos_token_ids.union(seq.params.stop_token_ids))
-        for held in range(row, row + min(max(short, 0), len(draft) + 1)):
+        for held in range(row, row + min(short, len(draft) + 1)):
             rows += [held] * len(stops)
             ids += stops
     if rows:
