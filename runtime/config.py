@@ -164,7 +164,7 @@ class EngineConfig:
     q4_panels: on the CPU (with the C++ kernels), give every target product whose float32
         weights are all exactly GGUF Q4_1 values (fma(d, q, m), one d and m per 32 inputs: the
         default model's decoder) 4-bit panels for steps of up to 12 rows: the same bits, 3/16 of
-        the bytes (runtime.cpu_gemm.q4_panels). Outputs are the same either way.
+        the bytes (runtime.weight_panels.q4_panels). Outputs are the same either way.
     draft_ngram: where a request's last 2-4 tokens occurred before in its prompt or output, draft
         the (up to k) tokens that followed them instead of the drafter's drafts
         (runtime.speculative.ngram). Greedy outputs are the same either way.

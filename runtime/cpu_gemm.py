@@ -21,19 +21,9 @@ decoder layers with their own weights, so that they stream from memory as in a r
   same property, a request's logits after the same prefill are the same bits whether it decodes
   alone, verifies k drafts, or runs next to 63 other requests: greedy speculative decoding is
   exactly lossless. (Decode at batch 64 costs about 8% more than with BLAS; exactness is worth it.)
-- A float32 weight whose values are all exactly bfloat16 (a drafter stored in bfloat16 and run in
-  float32) gets bfloat16 panels: panel_linear widens them on load, so its products are the same
-  bits, and a draft step at a few rows (bound by reading the weights) reads half the bytes.
-- A drafter may be quantized on load (EngineConfig.draft_int8): int8 panels with one float32 scale
-  per output column, a quarter of float32's bytes. Drafts may change (rarely: acceptance 1.726 ->
-  1.715 for the shipped drafter), outputs never (verification decides every emitted token); the
-  drafter's 15 MB then stay in the last-level cache from one draft step to the next.
-- A float32 weight whose every value is exactly fma(d, q, m), q in 0..15 and one d and m per 32
-  inputs of an output (GGUF's Q4_1 dequantized: the default model's decoder) also gets 4-bit
-  panels (q4_panels): products of up to Q4_ROWS rows rebuild each weight exactly in the kernel
-  and run the same FMA chain, the same bits, reading 3/16 of the float32 panels' bytes
-  (EngineConfig.q4_panels; 30 layers of the default model at 1 / 3 / 6 rows: 14.3 / 14.6 / 14.7
-  -> 4.5 / 5.8 / 8.5 ms, at 8 / 12 rows 14.0 / 16.3 -> 12.4 / 16.1, AMD EPYC, 2 threads).
+- Float32 weights that allow it get bfloat16, int8 (a drafter only) or 4-bit panels besides
+  (runtime.weight_panels has the formats and figures); bfloat16 and 4-bit panels give the
+  same bits, int8 panels change drafts only.
 - In bfloat16: oneDNN on a prepacked copy for every product (with AMX, 30 layers of the default
   model at 64 rows: 16 ms against 26 with F.linear; 7.5 against 17 at one row). Without the C++
   kernels in float32: oneDNN for 2..48 decoder rows and from 2 head rows, BLAS otherwise.
@@ -54,7 +44,6 @@ AMD EPYC: the plain step +11-14%).
 
 from __future__ import annotations
 
-import ctypes
 from typing import TypeGuard, cast
 
 import torch
@@ -62,14 +51,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.cpu_kernels import load_cpu_kernels
+from runtime.host_memory import return_freed_memory
 from runtime.huge_pages import keep_in_huge_pages
+from runtime.weight_panels import (
+    PANEL,
+    exactly_bfloat16,
+    int8_panels,
+    pack_panels,
+    q4_panels,
+    quantize_int8,
+)
 
 PANEL_ROWS = (1, None)  # every product
 ONEDNN_DECODER_ROWS = (2, 48)  # without the C++ kernels
 ONEDNN_HEAD_ROWS = (2, None)
 ONEDNN_BF16_ROWS = (1, None)
-PANEL = 64  # output columns per panel (linear.cpp's kPanel)
-Q4_BLOCK = 32  # inputs per d and m of 4-bit panels
 Q4_ROWS = 12  # 4-bit panels run products of 1..Q4_ROWS rows (two register tiles)
 _PROBE_ROWS = 4
 
@@ -140,35 +136,6 @@ def packed_tensors(module: nn.Module) -> list[torch.Tensor]:
         for h in holders:
             tensors += [h._packed, *(() if h._scales is None else (h._scales,)), *(h._q4 or ())]
     return tensors
-
-
-def _call_glibc(name: str, *args: int) -> None:
-    """Calls glibc's malloc tuning function `name`; a no-op where there is no glibc."""
-    try:
-        getattr(ctypes.CDLL("libc.so.6"), name)(*args)
-    except (OSError, AttributeError):
-        pass
-
-
-def return_freed_memory() -> None:
-    """Hands memory freed inside glibc's heap back to the system (malloc_trim), so that what a
-    build lets go of (released weights, the panels a fusion replaces, temporaries) does not
-    stay in the process's RSS. A no-op without glibc."""
-    _call_glibc("malloc_trim", 0)
-
-
-# glibc's mallopt parameter and the value keep_step_buffers sets
-_M_MMAP_THRESHOLD = -3
-STEP_BUFFER_BYTES = 256 << 20
-
-
-def keep_step_buffers() -> None:
-    """Has glibc serve allocations of up to 256 MiB from its heap instead of a fresh mmap each.
-    A step's temporaries (a 64-row step: about 1 MB per product output; logits and prefill
-    chunks: tens of MB) are freed and allocated again every step; as separate mappings each
-    comes back from the kernel as newly zeroed pages. Batch 64, 2 threads: 451-457 -> 471-485
-    tokens/s (a smaller threshold, 32 MiB, did not help). Process-wide; a no-op without glibc."""
-    _call_glibc("mallopt", _M_MMAP_THRESHOLD, STEP_BUFFER_BYTES)
 
 
 class FusedPanels:
@@ -246,20 +213,6 @@ def transpose_linear_weights(module: nn.Module) -> None:
             layer.weight.data = layer.weight.data.t().contiguous().t()
 
 
-def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] -> [ceil(out / 64), 64 / strip, in, strip]: panel p holds output columns
-    64p .. 64p + 63 of weight.T, zero past `out`, as strips of `strip` columns (the layout
-    panel_linear reads: whole panels with AVX-512, strips of 8 with AVX2; panel_strip())."""
-    out_features, in_features = weight.shape
-    num_panels = -(-out_features // PANEL)
-    strip = torch.ops.eaglebatch.panel_strip() if load_cpu_kernels() else PANEL
-    padded = weight.detach()
-    if out_features % PANEL:  # (F.pad copies even when it pads nothing)
-        padded = F.pad(padded, (0, 0, 0, num_panels * PANEL - out_features))
-    return (padded.reshape(num_panels, PANEL // strip, strip, in_features).transpose(2, 3)
-            .contiguous())
-
-
 class PrepackedLinear(nn.Module):
     """A Linear that runs products of `rows` (min, max or None) rows on a packed copy of its
     weight: panels for panel_linear (`kernel` "panel") or a oneDNN packing ("onednn"), and the
@@ -331,7 +284,7 @@ def prepack(linear: nn.Module, head: bool = False, int8: bool = False,
             panels, padded = int8_panels(quantized, scales)
             return _checked(linear, panels, "panel", PANEL_ROWS, scales=padded,
                             reference=quantized * scales.unsqueeze(1))
-        exact16 = _exactly_bfloat16(weight)  # then no bits are lost: half the bytes
+        exact16 = exactly_bfloat16(weight)  # then no bits are lost: half the bytes
         panels = pack_panels(weight.bfloat16() if exact16 else weight)
         packed = _checked(linear, panels, "panel", PANEL_ROWS)
         if q4 and isinstance(packed, PrepackedLinear) and not head:
@@ -345,29 +298,6 @@ def prepack(linear: nn.Module, head: bool = False, int8: bool = False,
     if weight.dtype == torch.bfloat16:  # prepacked wins at every row count in bfloat16
         return _checked(linear, packed, "onednn", ONEDNN_BF16_ROWS)
     return _checked(linear, packed, "onednn", ONEDNN_HEAD_ROWS if head else ONEDNN_DECODER_ROWS)
-
-
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[out, in] float32 -> (its values rounded to integers in [-127, 127] (float32), [out] scales)
-    with weight ~= values * scales[:, None]: symmetric, one scale per output (row)."""
-    peak = weight.detach().abs().amax(dim=1)
-    scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
-    return (weight.detach() / scales.unsqueeze(1)).round_().clamp_(-127, 127), scales
-
-
-def int8_panels(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_int8's (values, scales) as panel_linear takes them: int8 panels, and the
-    scales padded to whole panels."""
-    return pack_panels(values.to(torch.int8)), F.pad(scales, (0, -len(scales) % PANEL))
-
-
-def _exactly_bfloat16(weight: torch.Tensor, chunk: int = 1024) -> bool:
-    """Every value is a bfloat16 value. The first row answers for almost every true float32
-    weight, so start-up does not convert the whole target (~0.16 s for the default model); the
-    rest is checked `chunk` rows at a time (a whole 128k-row head at once took 1.5 GiB more)."""
-    if not torch.equal(weight[:1], weight[:1].bfloat16().float()):
-        return False
-    return all(torch.equal(w, w.bfloat16().float()) for w in weight.split(chunk))
 
 
 def _checked(linear: nn.Linear, packed: torch.Tensor, kernel: str,
@@ -390,49 +320,3 @@ def _checked(linear: nn.Linear, packed: torch.Tensor, kernel: str,
     return layer
 
 
-def q4_panels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """4-bit panels of a float32 [out, in] weight whose every value is exactly fma(d, q, m),
-    q in 0..15, with one d and m per Q4_BLOCK inputs of each output (GGUF's Q4_1 dequantized):
-    (nibbles [panels, in, 32] uint8, byte j of panel row c = q of column j | q of column j + 32
-    << 4; dm [panels, in / 32, 2, 64] float32: d of the 64 columns, then m). None when `in` is
-    not a multiple of Q4_BLOCK or when any weight is not rebuilt bit for bit."""
-    out_features, in_features = weight.shape
-    if in_features % Q4_BLOCK or weight.dtype != torch.float32:
-        return None
-    blocks = in_features // Q4_BLOCK
-    num_panels = -(-out_features // PANEL)
-    codes = torch.zeros(num_panels * PANEL, in_features, dtype=torch.uint8)
-    dm = torch.zeros(2, num_panels * PANEL, blocks)
-    w = weight.detach().reshape(out_features, blocks, Q4_BLOCK)
-    for start in range(0, out_features, _Q4_CHECK_ROWS):  # temporaries that stay in cache
-        found = _q4_codes(w[start:start + _Q4_CHECK_ROWS])
-        if found is None:
-            return None
-        stop = start + found[0].shape[0]
-        codes[start:stop] = found[0].reshape(stop - start, in_features)
-        dm[0, start:stop], dm[1, start:stop] = found[1], found[2]
-    codes = codes.view(num_panels, PANEL, in_features).transpose(1, 2)  # [panels, in, 64]
-    nibbles = (codes[..., :PANEL // 2] | (codes[..., PANEL // 2:] << 4)).contiguous()
-    return nibbles, dm.view(2, num_panels, PANEL, blocks).permute(1, 3, 0, 2).contiguous()
-
-
-_Q4_CHECK_ROWS = 256  # outputs checked at a time by q4_panels
-
-
-def _q4_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(q uint8 [n, blocks, 32], d [n, blocks], m [n, blocks]) of float32 weights [n, blocks,
-    32] that are all exactly fma(d, q, m), else None. Per block, m is its least value (q = 0)
-    and d its range / 15 in float16, as llama.cpp's quantizer sets them (in float32). d * q is
-    exact in float32 (11 + 4 significant bits), so d * q + m rounds once, as an FMA does: the
-    check below is the kernel's own rebuild, bit for bit."""
-    low = w.amin(dim=-1)
-    if not bool(torch.isfinite(low).all()) or not torch.equal(low.half().float(), low):
-        return None
-    d = ((w.amax(dim=-1) - low) / 15).half().float()
-    if not bool(torch.isfinite(d).all()):
-        return None
-    q = (w - low.unsqueeze(-1)).div_(d.clamp(min=1e-30).unsqueeze(-1)).round_().clamp_(0, 15)
-    rebuilt = torch.addcmul(low.unsqueeze(-1), d.unsqueeze(-1), q)
-    if not torch.equal(rebuilt.view(torch.int32), w.view(torch.int32)):
-        return None
-    return q.to(torch.uint8), d, low

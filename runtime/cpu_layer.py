@@ -53,7 +53,7 @@ class CpuLayerPlan:
         self.gate_up = (gate_up._packed, gate_up.bias, gate_up.splits, gate_up._scales)
         self.down_proj = (down_proj._packed, down_proj.bias, down_proj.out_features,
                           down_proj._scales)
-        # 4-bit panels (runtime.cpu_gemm.q4_panels) for products of up to Q4_ROWS rows, when
+        # 4-bit panels (runtime.weight_panels.q4_panels) for products of up to Q4_ROWS rows, when
         # all four products have them: the same bits, fewer bytes
         qkv4, o4, gate_up4, down4 = qkv._q4, o_proj._q4, gate_up._q4, down_proj._q4
         self.q4: tuple[tuple[Any, ...], ...] | None = None

@@ -9,8 +9,8 @@ import torch
 from transformers import PretrainedConfig
 
 from runtime.config import EngineConfig
-from runtime.cpu_gemm import keep_step_buffers, return_freed_memory
 from runtime.cuda_graphs import DecodeGraphs
+from runtime.host_memory import keep_step_buffers, return_freed_memory
 from runtime.kv.manager import KVCacheManager
 from runtime.loader import (
     eos_token_ids,

@@ -59,9 +59,10 @@ import os
 import torch
 import torch.nn.functional as F
 
-from runtime.cpu_gemm import PANEL, PrepackedLinear, int8_panels, quantize_int8
+from runtime.cpu_gemm import PrepackedLinear
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
 from runtime.huge_pages import keep_in_huge_pages
+from runtime.weight_panels import PANEL, int8_panels, quantize_int8
 
 C2 = 2.0**-8  # the product's bfloat16 output, rounded from float32 (2^-9, doubled)
 SLACK = 1e-30  # keeps B > 0 where norms underflow

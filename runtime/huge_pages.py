@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from runtime.host_memory import return_freed_memory
+
 HUGE_PAGE = 2 << 20
 _ALIGN = 64  # bytes between tensors in a mapping: a cache line
 _TRIM_BYTES = 64 << 20  # hand freed heap memory back after moving this much (peak RSS)
@@ -101,9 +103,9 @@ def keep_in_huge_pages(tensors: Iterable[torch.Tensor | None]) -> int:
             moved += nbytes
             unreturned += nbytes
             if unreturned >= _TRIM_BYTES:
-                _return_freed_memory()
+                return_freed_memory()
                 unreturned = 0
-    _return_freed_memory()
+    return_freed_memory()
     return moved
 
 
@@ -115,9 +117,3 @@ def _aligned(nbytes: int) -> int:
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     """The storage's bytes as a uint8 tensor on it (no copy)."""
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
-
-
-def _return_freed_memory() -> None:
-    from runtime.cpu_gemm import return_freed_memory  # cpu_gemm imports this module
-
-    return_freed_memory()

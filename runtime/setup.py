@@ -11,8 +11,9 @@ from transformers import PretrainedConfig
 from runtime.attention import choose_backend_name
 from runtime.attention.flash_backend import FLASH_BLOCK_SIZE
 from runtime.config import EngineConfig, PlacementError
-from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu, return_freed_memory
+from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu
 from runtime.greedy_head import ExactGreedyHead
+from runtime.host_memory import return_freed_memory
 from runtime.kv.cache import allocate_kv_caches
 from runtime.kv.groups import (
     KVCacheBudgetError,

@@ -22,6 +22,7 @@ from pipeline.bench.aggregate import (
     speedup_vs_k0,
     summarize,
 )
+from pipeline.bench.bench_file import read_bench_parquet
 from pipeline.bench.metrics import BENCH_FILE, CEILING, ENGINE, TRANSFORMERS, variant_label
 from pipeline.bench.plots import (
     drop_undrawn,
@@ -39,8 +40,6 @@ PLOTS = {"throughput": "tokens_per_s_by_batch.png", "speedup": "speedup_by_k.png
 
 def write_bench_report(bench_dir: str, out_dir: str | None = None) -> Path:
     """Reads bench_dir/bench.parquet; writes report.md and the PNGs to out_dir (or bench_dir)."""
-    from pipeline.bench.runner import read_bench_parquet  # noqa: PLC0415  (runner imports us)
-
     rows, meta = read_bench_parquet(Path(bench_dir) / BENCH_FILE)
     out = report_dir(Path(out_dir or bench_dir))
     summaries = summarize(rows)

@@ -15,27 +15,21 @@ from __future__ import annotations
 
 import fcntl
 import gc
-import json
 import os
-import platform
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from pipeline.atomic import write_bytes_atomically
+from pipeline.bench.bench_file import bench_metadata, write_bench_parquet
 from pipeline.bench.config import (
     SCRATCH_PREFIX,
     BenchConfig,
@@ -46,7 +40,6 @@ from pipeline.bench.engine_run import EngineVariant, engine_config, measure_copy
 from pipeline.bench.hf_baseline import TransformersBaseline
 from pipeline.bench.metrics import (
     BENCH_FILE,
-    BENCH_SCHEMA,
     CEILING,
     ENGINE,
     Agreement,
@@ -58,18 +51,16 @@ from pipeline.bench.models import BenchModels, resolve_models
 from pipeline.bench.plots import report_dir
 from pipeline.bench.report import REPORT_FILE, remove_report, write_bench_report
 from pipeline.bench.workload import Workload, build_workload, read_prompts
-from pipeline.config import JobError, one_line
+from pipeline.config import JobError
 from pipeline.manifest import MANIFEST_FILE
 from pipeline.stats import STATS_FILE
 from runtime.config import EngineConfig, PlacementError
-from runtime.cpu_gemm import q4_weight_count, return_freed_memory
+from runtime.cpu_gemm import q4_weight_count
 from runtime.engine import Engine
-from runtime.huge_pages import huge_pages_available
+from runtime.host_memory import return_freed_memory
 from runtime.loader import eos_token_ids, load_model_config, load_tokenizer
 from runtime.rope import context_length
-from runtime.setup import Placement, place
-
-METADATA_KEY = b"eaglebatch.bench"
+from runtime.setup import place
 
 
 def run_bench(config: BenchConfig) -> Path:
@@ -164,7 +155,7 @@ def _run_bench(config: BenchConfig, out: Path) -> Path:
                                   tokenizer, max_model_len, config.max_tokens,
                                   config.chat_template, config.ignore_eos or models.random)
         bandwidth = measure_copy_bandwidth(p.device) if p.device.type == "cuda" else None
-        meta = _metadata(config, models, workload, p, bandwidth, max_model_len)
+        meta = bench_metadata(config, models, workload, p, bandwidth, max_model_len)
         meta["prompt_format"] = _prompt_format(config, tokenizer)
         _log(f"bench: {meta['model']} ({meta['dtype']}, {meta['device']}, "
              f"{meta['threads']} threads), {len(workload.prompts)} prompts, "
@@ -313,50 +304,6 @@ def _timed(record: RunRecord) -> RunRecord:
     return record
 
 
-def write_bench_parquet(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    schema = BENCH_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), sink)
-    write_bytes_atomically(str(path), sink.getvalue().to_pybytes())
-
-
-def read_bench_parquet(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    try:
-        table = pq.read_table(path)
-        meta = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        raise JobError(f"{path}: cannot read it as a bench's Parquet file "
-                       f"({one_line(exc)})") from None
-    missing = [n for n in BENCH_SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise JobError(f"{path} lacks the column(s) {', '.join(missing[:5])}: not the "
-                       "bench.parquet of an eaglebatch bench")
-    return table.to_pylist(), meta
-
-
-def _metadata(config: BenchConfig, models: BenchModels, workload: Workload, p: Placement,
-              bandwidth: float | None, max_model_len: int) -> dict[str, Any]:
-    lengths = workload.prompt_lengths
-    device = (torch.cuda.get_device_name(p.device) if p.device.type == "cuda"
-              else cpu_description())
-    return {
-        "config": asdict(config), "model": config.model, "drafter": models.drafter_label,
-        "random_weights": models.random, "random_drafter": models.random_drafter,
-        "device": device, "dtype": str(p.dtype).split(".")[-1],
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "prompts": len(lengths),
-        "skipped_prompts": workload.skipped, "ignore_eos": workload.ignore_eos,
-        "prompt_tokens": {"min": min(lengths), "median": statistics.median(lengths),
-                          "max": max(lengths)},
-        "copy_bandwidth_bytes_per_s": bandwidth, "attention_backend": p.backend,
-        "batch1_turns": "request",  # turns(): at batch size 1, rounds go request by request
-        "huge_pages": p.device.type == "cpu" and huge_pages_available(),
-        # requests whose max_tokens the context lowered
-        "clamped": sum(n < config.max_tokens for n in workload.max_tokens),
-        "max_model_len": max_model_len,
-    }
-
-
 def _prompt_format(config: BenchConfig, tokenizer: Any) -> str:
     """How prompts became tokens, for the report's header (report_header._PROMPT_FORMATS)."""
     if config.messages_column is not None:
@@ -364,31 +311,6 @@ def _prompt_format(config: BenchConfig, tokenizer: Any) -> str:
     if not config.chat_template:
         return "raw"
     return "chat" if getattr(tokenizer, "chat_template", None) else "raw: no template"
-
-
-# CPU flags that change how fast the products run, as named in /proc/cpuinfo -> in the report
-_CPU_FEATURES = (("avx512f", "AVX-512"), ("avx512_bf16", "AVX-512 bfloat16"), ("amx_tile", "AMX"))
-
-
-def cpu_description(cpuinfo: str | None = None) -> str:
-    """The CPU a bench ran on: its model name, architecture, cores and the vector features that
-    set the speed of the products (ratios differ between CPUs: on one 2-core machine type the
-    engine's batch-64 ratio over transformers was 2.3x-2.9x, on another 3.4x)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    flags = set(fields.get("flags", "").split())
-    parts = [platform.machine(), f"{os.cpu_count()} cores"]
-    parts += [label for flag, label in _CPU_FEATURES if flag in flags]
-    name = fields.get("model name")
-    return f"cpu: {name} ({', '.join(parts)})" if name else f"cpu ({', '.join(parts)})"
 
 
 def _remove_stale_scratch(out: Path) -> None:

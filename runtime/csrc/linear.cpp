@@ -70,7 +70,7 @@ const bool kFetchNear = eaglebatch_cpu_is_intel();
 
 // A panel is stored as strips of kStrip columns, one after the other: strip s holds columns
 // 64p + kStrip s .. 64p + kStrip (s + 1) - 1 for k = 0 .. K-1 ([K, kStrip]), so the panels
-// tensor is [ceil(N / 64), 64 / kStrip, K, kStrip] (runtime.cpu_gemm.pack_panels asks
+// tensor is [ceil(N / 64), 64 / kStrip, K, kStrip] (runtime.weight_panels.pack_panels asks
 // panel_strip()). With AVX-512 and in the portable code one strip is the whole panel; with AVX2 a
 // strip is one register's 8 columns (see tile_avx2).
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
@@ -756,7 +756,7 @@ at::Tensor panel_entries(const at::Tensor& x, const at::Tensor& panels,
 // inputs and output column: GGUF's Q4_1, dequantized to float32 on load): row c of a panel holds
 // 32 bytes, byte j = q of column j | q of column j + 32 << 4, and dm[c / 32] holds d of the 64
 // columns, then m. Each weight is rebuilt as fma(d, q, m), which is exactly the float32 weight
-// (runtime.cpu_gemm.q4_panels checks every one), then enters the same FMA chain as in tile(): the
+// (runtime.weight_panels.q4_panels checks every one), then enters the same FMA chain as in tile(): the
 // same bits as float32 panels, reading 3/16 of their bytes (0.5 byte + 8 bytes per 32 weights).
 // For products of up to kQ4MaxRows rows (two tiles: the second reads the panel from L2), where
 // reading the weights is most of the cost.

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from runtime.config import EngineConfig
-from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu, return_freed_memory
+from runtime.cpu_gemm import PrepackedLinear, lay_out_for_cpu
+from runtime.host_memory import return_freed_memory
 from runtime.kv.groups import draft_layer_name
 from runtime.kv.spec import AttentionSpec
 from runtime.model import CausalLM, head_dim_of, layer_windows

@@ -22,17 +22,15 @@ from runtime.cpu_gemm import (
     PANEL_ROWS,
     PrepackedLinear,
     fuse_panels,
-    int8_panels,
     lay_out_for_cpu,
-    pack_panels,
     prepack,
-    quantize_int8,
     transpose_linear_weights,
 )
 from runtime.cpu_kernels import argmax_rows, kernel_library, load_cpu_kernels
 from runtime.engine import Engine
 from runtime.model import CausalLM
 from runtime.request import GenerationRequest
+from runtime.weight_panels import int8_panels, pack_panels, quantize_int8
 
 
 def test_transpose_keeps_values_and_parameters() -> None:

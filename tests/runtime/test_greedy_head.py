@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import EngineConfig, SamplingParams
-from runtime.cpu_gemm import PrepackedLinear, pack_panels, prepack, quantize_int8
+from runtime.cpu_gemm import PrepackedLinear, prepack
 from runtime.cpu_kernels import argmax_rows, load_cpu_kernels
 from runtime.engine import Engine
 from runtime.greedy_head import ExactGreedyHead, pack_int8_dots
 from runtime.request import GenerationRequest
+from runtime.weight_panels import pack_panels, quantize_int8
 
 
 def pick_candidates_with(path: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""4-bit panels (runtime.cpu_gemm.q4_panels): built only where every float32 weight is exactly
+"""4-bit panels (runtime.weight_panels.q4_panels): built only where every float32 weight is exactly
 a Q4_1 value fma(d, q, m), and then their products are the float32 panels' bits, whole-model
 tokens included."""
 from __future__ import annotations
@@ -10,18 +10,11 @@ import torch
 from torch import nn
 
 from runtime.config import EngineConfig, SamplingParams
-from runtime.cpu_gemm import (
-    Q4_ROWS,
-    PrepackedLinear,
-    fuse_panels,
-    pack_panels,
-    prepack,
-    q4_panels,
-    q4_weight_count,
-)
+from runtime.cpu_gemm import Q4_ROWS, PrepackedLinear, fuse_panels, prepack, q4_weight_count
 from runtime.cpu_kernels import load_cpu_kernels
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
+from runtime.weight_panels import pack_panels, q4_panels
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.bench.aggregate import summarize
+from pipeline.bench.bench_file import read_bench_parquet
 from pipeline.bench.plots import plot_speedup
-from pipeline.bench.runner import read_bench_parquet
 from tests.pipeline.bench.conftest import BENCH_PROMPTS, MAX_TOKENS, run_bench_cli
 
 LABELS = ["engine k=0", "engine k=2", "perfect drafts k=2"]

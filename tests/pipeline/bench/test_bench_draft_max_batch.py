@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.bench.runner import read_bench_parquet
+from pipeline.bench.bench_file import read_bench_parquet
 from tests.pipeline.bench.conftest import MAX_TOKENS, run_bench_cli
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.runner import read_bench_parquet
+from pipeline.bench.bench_file import read_bench_parquet
 from tests.pipeline.bench.conftest import run_bench_cli
 
 

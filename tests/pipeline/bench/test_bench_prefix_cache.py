@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.runner import read_bench_parquet
+from pipeline.bench.bench_file import read_bench_parquet
 from pipeline.bench.workload import build_workload, read_prompts
 from runtime.loader import load_tokenizer
 from tests.pipeline.bench.conftest import MAX_TOKENS, run_bench_cli

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from jobs.cli import main
 from pipeline.bench import presets
-from pipeline.bench.runner import read_bench_parquet
+from pipeline.bench.bench_file import read_bench_parquet
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest

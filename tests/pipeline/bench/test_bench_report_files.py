@@ -12,7 +12,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from jobs.cli import main
-from pipeline.bench.runner import read_bench_parquet
+from pipeline.bench.bench_file import read_bench_parquet
 from pipeline.manifest import Manifest
 from pipeline.stats import Counts, write_stats
 from tests.pipeline.bench.conftest import run_bench_cli
@@ -234,7 +234,7 @@ def test_a_hand_edited_bench_file_or_one_beside_a_job_is_a_one_line_error(
         bench_dir: Path, tmp_path: Path) -> None:
     """Found by QA: metadata that is not an object, a null k or an unknown variant gave
     tracebacks; a bench.parquet in a job's directory replaced the job's report.md."""
-    from pipeline.bench.runner import write_bench_parquet
+    from pipeline.bench.bench_file import write_bench_parquet
 
     rows, meta = read_bench_parquet(bench_dir / "bench.parquet")
     for name, (edited_rows, edited_meta) in {

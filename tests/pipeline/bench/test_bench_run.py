@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 from matplotlib.image import imread
 
 from pipeline.bench.aggregate import acceptance_by_k, summarize
+from pipeline.bench.bench_file import read_bench_parquet
 from pipeline.bench.engine_run import EngineVariant, engine_config
 from pipeline.bench.metrics import BENCH_SCHEMA, Agreement, bench_row
 from pipeline.bench.plots import plot_acceptance, plot_speedup, plot_throughput
-from pipeline.bench.runner import read_bench_parquet, turns
+from pipeline.bench.runner import turns
 from pipeline.bench.workload import Workload
 from runtime.config import EngineConfig
 from runtime.huge_pages import huge_pages_available

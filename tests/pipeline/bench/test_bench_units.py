@@ -19,10 +19,11 @@ from pipeline.bench.aggregate import (
     speedup_vs_k0,
     summarize,
 )
+from pipeline.bench.bench_file import cpu_description
 from pipeline.bench.config import BenchConfig, parse_int_list
 from pipeline.bench.metrics import Agreement, RunRecord, bench_row, percentile
 from pipeline.bench.report import _best_vs_k0, equality_section, exact_arithmetic, ratio_cell
-from pipeline.bench.runner import cpu_description, turns
+from pipeline.bench.runner import turns
 from pipeline.bench.workload import Workload
 from pipeline.config import JobError
 
