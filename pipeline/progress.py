@@ -1,4 +1,5 @@
-"""The progress bar (stderr): rows done, and generated tokens per second in the postfix.
+"""The progress bar (stderr): rows done, and in its postfix the prompt tokens per second of the
+rows finished (in) and the tokens per second generated (out), as vLLM's bar shows them.
 
 On a terminal tqdm redraws it as rows finish (at most ten times a second) and the rate twice a
 second. Where stderr is a file or a pipe (a scheduled job's log) it is written from here as a
@@ -27,11 +28,13 @@ class Progress:
             dynamic_ncols=True, disable=not enabled)
         self._total, self._initial, self._rows = total_rows, rows_done, rows_done
         self._tokens = 0
+        self._prompt_tokens = 0  # of the rows finished
         self._start = time.monotonic()
         self._last_drawn = self._start - self._every  # the first call draws
 
-    def rows_done(self, count: int) -> None:
+    def rows_done(self, count: int, prompt_tokens: int = 0) -> None:
         self._rows += count
+        self._prompt_tokens += prompt_tokens
         if self._bar is not None:
             self._bar.update(count)  # tqdm redraws on a terminal
         else:
@@ -50,7 +53,8 @@ class Progress:
             self._draw(now)
 
     def _rate(self, now: float) -> str:
-        return f"{self._tokens / max(now - self._start, 1e-9):.1f} tok/s"
+        seconds = max(now - self._start, 1e-9)
+        return f"in {self._prompt_tokens / seconds:.1f}, out {self._tokens / seconds:.1f} tok/s"
 
     def _draw(self, now: float) -> None:
         rate = self._rate(now)

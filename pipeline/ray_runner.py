@@ -169,6 +169,7 @@ class WorkerProgress(NamedTuple):
     shard_id: int | None  # the shard in flight (None before the first)
     rows: int  # input rows of it finished so far
     tokens: int  # tokens its engine steps reported so far
+    prompt_tokens: int = 0  # of the rows finished so far (ShardHooks.rows_done)
 
 
 class ShardResult(NamedTuple):
@@ -213,10 +214,11 @@ class ShardWorker:
         with self._lock:
             return self._progress
 
-    def _rows_done(self, count: int) -> None:
+    def _rows_done(self, count: int, prompt_tokens: int) -> None:
         with self._lock:
             p = self._progress
-            self._progress = p._replace(rows=p.rows + count)
+            self._progress = p._replace(rows=p.rows + count,
+                                        prompt_tokens=p.prompt_tokens + prompt_tokens)
 
     def _tokens_generated(self, count: int) -> None:
         with self._lock:
@@ -287,12 +289,13 @@ class _WorkerPool:
                 so_far = seen.pop(task.shard.shard_id)
                 result = self._result(ref, task)
                 if result is None:  # the worker died: undo its progress, redo its shard
-                    hooks.rows_done(-so_far.rows)
+                    hooks.rows_done(-so_far.rows, -so_far.prompt_tokens)
                     queue.appendleft(task._replace(worker=None, attempt=task.attempt + 1))
                     idle.insert(0, self._replace(task.worker))  # idle.pop() prefers loaded ones
                     continue
                 idle.append(task.worker)
-                hooks.rows_done(task.shard.num_rows - so_far.rows)
+                hooks.rows_done(task.shard.num_rows - so_far.rows,
+                                result.counts.prompt_tokens - so_far.prompt_tokens)
                 write_bytes_atomically(
                     os.path.join(self._config.output_dir, task.shard.part_name), result.part)
                 yield task.shard.shard_id, result.counts
@@ -344,7 +347,7 @@ class _WorkerPool:
                 continue
             seen[now.shard_id] = now
             if now.rows > before.rows:
-                hooks.rows_done(now.rows - before.rows)
+                hooks.rows_done(now.rows - before.rows, now.prompt_tokens - before.prompt_tokens)
             if now.tokens > before.tokens:
                 hooks.on_step(now.tokens - before.tokens)
 

@@ -35,7 +35,9 @@ class ShardContext(NamedTuple):
 
 
 class ShardHooks(NamedTuple):
-    rows_done: Callable[[int], None]
+    # input rows finished, and the prompt tokens of their samples that did not fail (as
+    # Counts.prompt_tokens counts them)
+    rows_done: Callable[[int, int], None]
     on_step: Callable[[int], None]  # tokens generated in one engine step; may raise to abandon
     check_stop: Callable[[], None]  # raises to abandon the shard between stages
 
@@ -49,7 +51,7 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
     if (unreadable := unreadable_row_errors(shard)) is not None:
         prepared = [p if error is None else PreparedRow(None, None, False, error)
                     for p, error in zip(prepared, unreadable, strict=True)]
-    hooks.rows_done(sum(p.error is not None for p in prepared))
+    hooks.rows_done(sum(p.error is not None for p in prepared), 0)
     hooks.check_stop()
     n = ctx.n
     results: list[Completion | None] = [None] * (len(prepared) * n)
@@ -58,7 +60,7 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
         results[r.row * n + r.sample] = r.completion
         samples_left[r.row] -= 1
         if samples_left[r.row] == 0:
-            hooks.rows_done(1)
+            hooks.rows_done(1, _prompt_tokens(prepared[r.row], results[r.row * n:(r.row + 1) * n]))
     hooks.check_stop()
     outputs = _row_outputs(prepared, results, n, ctx)
     generated_ids = None if ctx.has_id_column else row_ids
@@ -66,6 +68,12 @@ def run_shard(shard: Shard, ctx: ShardContext, hooks: ShardHooks) -> Counts:
                assemble(table, outputs, n, generated_ids, ctx.id_column, ctx.output_prefix,
                         ctx.optional_columns))
     return _counts(results, outputs, time.monotonic() - start)
+
+
+def _prompt_tokens(row: PreparedRow, samples: Sequence[Completion | None]) -> int:
+    """The row's prompt tokens once for each of its samples that did not fail."""
+    ok = sum(c is not None and c.finish_reason != "error" for c in samples)
+    return ok * len(row.prompt_token_ids or ())
 
 
 def _row_ids(table: pa.Table, shard: Shard, ctx: ShardContext) -> list[str]:

@@ -148,11 +148,15 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def summary_line(c: Counts, seconds: float) -> str:
-    """One line for the end of a job, e.g. 'done: 200 rows (1 error), ... 20.0 tokens/s'."""
-    rate = c.completion_tokens / seconds if seconds > 0 else 0.0
+    """One line for the end of a job, e.g. 'done: 200 rows (1 error), ... 20.0 tokens/s (prompts
+    80.0 tokens/s)': generated tokens per second, then prompt tokens per second (a scoring job,
+    --prompt-logprobs --max-tokens 1, is measured by the second)."""
+    rate, prompt_rate = ((c.completion_tokens / seconds, c.prompt_tokens / seconds) if seconds > 0
+                         else (0.0, 0.0))
     rows, errors = ("row" if c.rows == 1 else "rows"), ("error" if c.errors == 1 else "errors")
     line = (f"done: {c.rows} {rows} ({c.errors} {errors}), {c.prompt_tokens} prompt tokens, "
-            f"{c.completion_tokens} generated tokens in {seconds:.1f} s, {rate:.1f} tokens/s")
+            f"{c.completion_tokens} generated tokens in {seconds:.1f} s, {rate:.1f} tokens/s "
+            f"(prompts {prompt_rate:.1f} tokens/s)")
     if c.drafted:
         d = c.derived()
         positions = ", ".join(f"{p:.2f}" for p in d["per_position_acceptance"])

@@ -60,7 +60,9 @@ def test_stats_parquet_has_one_row_per_shard_in_shard_order(tmp_path: Path) -> N
 
 def test_summary_lines() -> None:
     assert summary_line(Counts(rows=3, errors=1, prompt_tokens=9, completion_tokens=20), 4.0) == (
-        "done: 3 rows (1 error), 9 prompt tokens, 20 generated tokens in 4.0 s, 5.0 tokens/s")
+        "done: 3 rows (1 error), 9 prompt tokens, 20 generated tokens in 4.0 s, 5.0 tokens/s "
+        "(prompts 2.2 tokens/s)")
     assert summary_line(DRAFTING, 2.0) == (
-        "done: 4 rows (1 error), 40 prompt tokens, 30 generated tokens in 2.0 s, 15.0 tokens/s; "
+        "done: 4 rows (1 error), 40 prompt tokens, 30 generated tokens in 2.0 s, 15.0 tokens/s "
+        "(prompts 20.0 tokens/s); "
         "acceptance rate 0.500, mean acceptance length 2.50, per position [0.75, 0.50, 0.25]")

@@ -44,6 +44,8 @@ def test_runner_ray_starts_and_stops_its_own_ray(tmp_path: Path, tiny_model_dir:
     assert result.stdout.startswith("done: 8 rows (1 error), ")
     # the bar's last line has the tokens of shards shorter than a progress poll (it read 0.0)
     assert float(re.findall(r"([\d.]+) tok/s\]", result.stderr)[-1]) > 0
+    # and the prompt tokens of their rows, which the workers count as rows finish
+    assert float(re.findall(r"in ([\d.]+), out", result.stderr)[-1]) > 0
 
     threads = torch.get_num_threads()
     torch.set_num_threads(int(sized.group(1)))  # as the worker (Ray sets its OMP_NUM_THREADS)
