@@ -43,6 +43,7 @@ MAX_TOP_K = 2**31 - 1  # (a top-k at or above the vocabulary's size is no cut at
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_PENALTY = 2.0  # frequency and presence penalties lie in [-2, 2], as in OpenAI's API and vLLM
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API and vLLM's default max_logprobs
+MAX_LOGIT_BIAS = 100.0  # a bias lies in [-100, 100], as in OpenAI's API
 MAX_DRAFT_TOKENS = 32  # k: a verification of more rows costs more than drafts save anywhere
 
 
@@ -75,6 +76,11 @@ class SamplingParams:
     # Completion.prompt_logprobs: each prompt token's log-probability given the tokens before
     # it (the first has none). The prompt is then computed whole, without prefix-cache hits.
     prompt_logprobs: bool = False
+    # runtime.token_bias: only these tokens may be generated (vLLM's allowed_token_ids; () = all)
+    allowed_token_ids: tuple[int, ...] = ()
+    # runtime.token_bias: (token id, bias) pairs added to those tokens' logits (vLLM's and
+    # OpenAI's logit_bias), each id once
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -92,6 +98,9 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop token ids must be >= 0, got {min(self.stop_token_ids)}")
+        if any(t < 0 for t in self.allowed_token_ids):
+            raise ValueError(f"allowed token ids must be >= 0, got {min(self.allowed_token_ids)}")
+        self._check_logit_bias()
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")
@@ -108,6 +117,18 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] "
                                  f"(0 = off), got {value}")
 
+    def _check_logit_bias(self) -> None:
+        ids = [t for t, _ in self.logit_bias]
+        if any(t < 0 for t in ids):
+            raise ValueError(f"logit_bias token ids must be >= 0, got {min(ids)}")
+        if len(set(ids)) < len(ids):
+            twice = next(t for t in ids if ids.count(t) > 1)
+            raise ValueError(f"logit_bias gives token {twice} more than one bias")
+        for t, bias in self.logit_bias:
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails too
+                raise ValueError(f"logit_bias of token {t} must be in [-{MAX_LOGIT_BIAS:g}, "
+                                 f"{MAX_LOGIT_BIAS:g}], got {bias}")
+
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
@@ -116,6 +137,11 @@ class SamplingParams:
     def wants_logprobs(self) -> bool:
         """Log-probabilities of some kind are asked for: the whole head's logits are needed."""
         return self.logprobs or self.top_logprobs > 0
+
+    @property
+    def biased(self) -> bool:
+        """allowed_token_ids or logit_bias change its logits (runtime.token_bias)."""
+        return bool(self.allowed_token_ids or self.logit_bias)
 
     @property
     def penalized(self) -> bool:

@@ -183,10 +183,13 @@ class Engine:
             return (f"prompt token id {bad} is outside the model's vocabulary (ids 0 to "
                     f"{vocab - 1}" + ("; a tokenizer with tokens added beyond the model's "
                                       "vocab_size makes them)" if bad >= vocab else ")"))
-        if any(t >= vocab for t in request.params.stop_token_ids):
-            bad = next(t for t in request.params.stop_token_ids if t >= vocab)
-            return (f"stop token id {bad} is outside the model's vocabulary (ids 0 to "
-                    f"{vocab - 1})")
+        params = request.params
+        for what, listed in (("stop token id", params.stop_token_ids),
+                             ("allowed token id", params.allowed_token_ids),
+                             ("logit_bias token id", [t for t, _ in params.logit_bias])):
+            if outside := [t for t in listed if t >= vocab]:
+                return (f"{what} {outside[0]} is outside the model's vocabulary (ids 0 to "
+                        f"{vocab - 1})")
         if -(-n // self.placement.block_size) > self.kv_cache_config.num_blocks - 1:
             # its prompt alone outgrows the cache: failed now, not after preempting the others
             return self._too_large(n, request.params.max_tokens)

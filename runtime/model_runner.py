@@ -26,6 +26,7 @@ from runtime.speculative.rejection_sampler import (
     greedy_verify,
     sample_and_verify,
 )
+from runtime.token_bias import apply_token_bias
 
 # prompt rows whose logits are computed at once (SamplingParams.prompt_logprobs)
 PROMPT_LOGITS_ROWS = 256
@@ -128,23 +129,28 @@ class ModelRunner:
         drafts = torch.tensor([_pad(r, width) for r in rows], dtype=torch.int64,
                               device=self.device).view(len(rows), width)
         num_drafts = torch.tensor([len(r.draft_token_ids) for r in rows], device=self.device)
-        # logits that depend on the tokens so far: penalties, EOS held back by min_tokens
+        # logits changed by allowed_token_ids or logit_bias, and those that depend on the
+        # tokens so far: penalties, EOS held back by min_tokens
+        biased = any(s.params.biased for s in seqs)
         penalized = any(s.params.penalized for s in seqs)
         held = any(s.num_output_tokens < s.params.min_tokens
                    and (self.eos_token_ids or s.params.stop_token_ids) for s in seqs)
+        changed = biased or penalized or held
         want_logprobs = any(s.params.wants_logprobs for s in seqs)
-        if all(s.params.greedy for s in seqs) and not (penalized or held or want_logprobs):
+        if all(s.params.greedy for s in seqs) and not (changed or want_logprobs):
             best = (self.exact_head.argmax(selected) if self.exact_head is not None
                     else argmax_rows(self.model.compute_logits(selected)))
             argmax = best.index_select(0, padded_index).view(len(rows), width + 1)
             return _emitted(greedy_verify(drafts, num_drafts, argmax)), [None] * len(rows)
         logits = self.model.compute_logits(selected).float()
-        raw = logits.clone() if (penalized or held) and want_logprobs else logits
+        raw = logits.clone() if changed and want_logprobs else logits
         verified = [r.draft_token_ids for r in rows]
-        if penalized:
-            penalize(logits, seqs, verified)
+        if biased:  # in vLLM's order: allowed ids, min_tokens, logit_bias, then the penalties
+            apply_token_bias(logits, seqs, [len(r.logits_rows) for r in rows])
         if held:
             hold_eos(logits, seqs, verified, self.eos_token_ids)
+        if penalized:
+            penalize(logits, seqs, verified)
         if all(s.params.greedy for s in seqs):
             argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
             tokens = _emitted(greedy_verify(drafts, num_drafts, argmax))
