@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from jobs.generate_config import job_config
-from jobs.options import finite, memory_size, not_blank, stop_strings, token_ids
+from jobs.options import finite, logit_bias, memory_size, not_blank, stop_strings, token_ids
 from pipeline.config import JobError
 from pipeline.interrupt import JobInterrupted, rerun_hint
 from runtime.config import (
@@ -203,6 +203,15 @@ def main() -> None:
                    "token (vLLM's stop_token_ids; special tokens' text is left out of the "
                    "completion); also with --ignore-eos, and held back by --min-tokens. A "
                    "stop_token_ids column (list<integer>) overrides it.")
+@click.option("--allowed-token-ids", default="", metavar="IDS", callback=token_ids,
+              help="Comma-separated token ids: only these may be generated (vLLM's "
+                   "allowed_token_ids: say, a classification's label tokens); the others' "
+                   "logits are -inf. An allowed_token_ids column (list<integer>) overrides it.")
+@click.option("--logit-bias", default="", metavar="ID:BIAS,...", callback=logit_bias,
+              help="Add a bias in [-100, 100] to these tokens' logits, e.g. 17:2.5,90:-100 or "
+                   "the JSON object {\"17\": 2.5, \"90\": -100} (OpenAI's and vLLM's "
+                   "logit_bias: -100 bans a token, +100 all but forces it), before the "
+                   "penalties. A logit_bias column (map<integer, number>) overrides it.")
 @click.option("--ignore-eos", is_flag=True,
               help="Do not end a row at the model's EOS tokens: generate until --max-tokens, a "
                    "stop string or a stop token id (vLLM's ignore_eos: synthetic load, fixed "

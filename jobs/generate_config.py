@@ -64,6 +64,7 @@ def job_config(o: dict[str, Any]) -> JobConfig:
         stop=tuple(o["stop"]), stop_token_ids=o["stop_token_ids"], ignore_eos=o["ignore_eos"],
         include_stop_str_in_output=o["include_stop_str_in_output"],
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
-        presence_penalty=o["presence_penalty"], logprobs=o["logprobs"],
+        presence_penalty=o["presence_penalty"], allowed_token_ids=o["allowed_token_ids"],
+        logit_bias=o["logit_bias"], logprobs=o["logprobs"],
         top_logprobs=o["top_logprobs"], prompt_logprobs=o["prompt_logprobs"], engine=engine,
         ray=ray)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -57,3 +58,40 @@ def token_ids(ctx: click.Context, param: click.Parameter, value: str) -> tuple[i
         raise click.BadParameter(f"{value!r} is not a comma-separated list of token ids "
                                  f"(digits 0-9): {said}")
     return tuple(sorted({int(p) for p in parts}))
+
+
+def logit_bias(ctx: click.Context, param: click.Parameter, value: str
+               ) -> tuple[tuple[int, float], ...]:
+    """'17:2.5, 90:-100' or the JSON object '{"17": 2.5, "90": -100}' (OpenAI's form) -> the
+    (token id, bias) pairs sorted by id; an id given twice, or a bias that is not a finite
+    number, is refused (its range is checked with the other sampling options)."""
+    text = value.strip()
+    if not text:
+        return ()
+    if text.startswith("{"):
+        try:
+            pairs = json.loads(text, object_pairs_hook=list)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"{value!r} is not a JSON object: {exc}") from None
+    else:
+        pairs = [tuple(p.split(":", 1)) if ":" in p else (p, "") for p in text.split(",")]
+    out: dict[int, float] = {}
+    for key, bias in pairs:
+        token = str(key).strip()
+        if not re.fullmatch(r"[0-9]+", token):
+            raise click.BadParameter(f"{value!r}: {token!r} is not a token id (digits 0-9); "
+                                     "write ID:BIAS pairs, e.g. 17:2.5,90:-100")
+        try:
+            if isinstance(bias, bool):
+                raise TypeError
+            number = float(bias.strip()) if isinstance(bias, str) else float(bias)
+        except (TypeError, ValueError):
+            raise click.BadParameter(f"{value!r}: the bias of token {token} ({bias!r}) is not "
+                                     "a number") from None
+        if not math.isfinite(number):
+            raise click.BadParameter(f"{value!r}: the bias of token {token} ({bias!r}) is not "
+                                     "a finite number")
+        if int(token) in out:
+            raise click.BadParameter(f"{value!r}: token {token} is given more than one bias")
+        out[int(token)] = number
+    return tuple(sorted(out.items()))

@@ -52,7 +52,7 @@ def check_messages_template(messages_column: str | None, chat_template: bool) ->
 # sampling options a job's fingerprint records only where they differ from JobConfig's default
 OPTIONAL_SAMPLING = ("min_tokens", "min_p", "repetition_penalty", "frequency_penalty",
                      "presence_penalty", "stop_token_ids", "ignore_eos",
-                     "include_stop_str_in_output")
+                     "include_stop_str_in_output", "allowed_token_ids", "logit_bias")
 
 
 def job_default(name: str) -> Any:
@@ -90,6 +90,8 @@ class JobConfig:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    allowed_token_ids: tuple[int, ...] = ()  # only these may be generated (() = all)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
     logprobs: bool = False  # a completion_logprobs column
     top_logprobs: int = 0  # a completion_top_logprobs column of this many tokens (0 = none)
     prompt_logprobs: bool = False  # a prompt_logprobs column
@@ -121,7 +123,9 @@ class JobConfig:
                               stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                               repetition_penalty=self.repetition_penalty,
                               frequency_penalty=self.frequency_penalty,
-                              presence_penalty=self.presence_penalty, logprobs=self.logprobs,
+                              presence_penalty=self.presence_penalty,
+                              allowed_token_ids=self.allowed_token_ids,
+                              logit_bias=self.logit_bias, logprobs=self.logprobs,
                               top_logprobs=self.top_logprobs,
                               prompt_logprobs=self.prompt_logprobs)
 
@@ -133,8 +137,9 @@ class JobConfig:
 
     def _optional_sampling(self) -> dict[str, Any]:
         """min_tokens, min_p, the penalties, ... where they are on (manifests of jobs without
-        them stay resumable); tuples as the lists JSON reads back."""
-        return {name: list(value) if isinstance(value, tuple) else value
+        them stay resumable); tuples as the lists JSON reads back (logit_bias's pairs too)."""
+        return {name: [list(v) if isinstance(v, tuple) else v for v in value]
+                if isinstance(value, tuple) else value
                 for name in OPTIONAL_SAMPLING
                 if (value := getattr(self, name)) != job_default(name)}
 

@@ -36,9 +36,12 @@ def build_engine(factory: Callable[[EngineConfig], _Engine], config: EngineConfi
 
 
 def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) -> ShardContext:
-    if outside := [t for t in config.stop_token_ids if t >= engine.vocab_size]:
-        raise JobError(f"--stop-token-ids: {outside[0]} is outside the vocabulary of "
-                       f"{engine.model_name} (ids 0 to {engine.vocab_size - 1})")
+    for option, listed in (("--stop-token-ids", config.stop_token_ids),
+                           ("--allowed-token-ids", config.allowed_token_ids),
+                           ("--logit-bias", [t for t, _ in config.logit_bias])):
+        if outside := [t for t in listed if t >= engine.vocab_size]:
+            raise JobError(f"{option}: {outside[0]} is outside the vocabulary of "
+                           f"{engine.model_name} (ids 0 to {engine.vocab_size - 1})")
     has_template = bool(getattr(engine.tokenizer, "chat_template", None))
     special = set(getattr(engine.tokenizer, "all_special_tokens", ()))
     if unseen := [s for s in config.stop if s in special]:

@@ -13,7 +13,7 @@ from runtime.loader import default_drafter
 # them)
 _SHOWN_WHEN_SET = ("min_tokens", "top_p", "top_k", "min_p", "repetition_penalty",
                    "frequency_penalty", "presence_penalty", "seed", "stop_token_ids",
-                   "ignore_eos", "include_stop_str_in_output")
+                   "ignore_eos", "include_stop_str_in_output", "allowed_token_ids")
 
 
 def sampling_line(sampling: Any) -> str:
@@ -24,6 +24,11 @@ def sampling_line(sampling: Any) -> str:
              f"temperature {sampling.get('temperature')}"]
     parts += [f"{name} {sampling[name]}" for name in _SHOWN_WHEN_SET
               if sampling.get(name, job_default(name)) != job_default(name)]
+    if bias := sampling.get("logit_bias"):  # [[id, bias], ...] as --logit-bias spells them
+        try:
+            parts.append("logit_bias " + ",".join(f"{t}:{b:g}" for t, b in bias))
+        except (TypeError, ValueError):  # not as a job writes it
+            parts.append(f"logit_bias {bias}")
     if sampling.get("stop"):
         parts.append("stop " + ", ".join(repr(s) for s in sampling["stop"]))
     return ", ".join(parts)

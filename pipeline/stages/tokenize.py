@@ -149,8 +149,12 @@ def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
     changes = {name: value for name, value in overrides.items() if value is not None}
     if "stop" in changes:
         changes["stop"] = tuple(s for s in changes["stop"] if s)
-    if "stop_token_ids" in changes:
-        changes["stop_token_ids"] = tuple(t for t in changes["stop_token_ids"] if t is not None)
+    for name in ("stop_token_ids", "allowed_token_ids"):  # sorted, once each, as the options
+        if name in changes:
+            changes[name] = tuple(sorted({t for t in changes[name] if t is not None}))
+    if "logit_bias" in changes:  # a map's (id, bias) pairs; a null bias is none
+        changes["logit_bias"] = tuple(sorted((t, float(b)) for t, b in changes["logit_bias"]
+                                             if b is not None))
     try:
         params = replace(options.defaults, **changes)
     except ValueError as exc:
