@@ -123,13 +123,15 @@ def test_two_workers_write_what_the_local_runner_writes(
 def test_ray_workers_apply_the_sampling_options_as_the_local_runner(
         local_ray: None, inputs: Path, tiny_model_dir: Path, tiny_engine: Engine,
         tmp_path: Path) -> None:
-    """Penalties, min_p, min_tokens and logprobs reach the workers: their part files are the
-    local runner's, completion_logprobs, completion_top_logprobs and prompt_logprobs included."""
+    """Penalties, min_p, min_tokens, logit_bias and logprobs reach the workers: their part files
+    are the local runner's, completion_logprobs, completion_top_logprobs and prompt_logprobs
+    included."""
     options: dict[str, Any] = dict(temperature=0.9, seed=5, min_p=0.05, min_tokens=3,
                                    repetition_penalty=1.2, frequency_penalty=0.3, logprobs=True,
                                    top_logprobs=2, prompt_logprobs=True, ignore_eos=True,
                                    stop_token_ids=(7, 9), stop=("a",),
-                                   include_stop_str_in_output=True)
+                                   include_stop_str_in_output=True,
+                                   logit_bias=((12, -50.0), (40, 2.0)))
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     run_job(job_config(inputs, local, tiny_model_dir, workers=None, **options),
             lambda c: tiny_engine, progress=False)
