@@ -81,6 +81,8 @@ class SamplingParams:
     # runtime.token_bias: (token id, bias) pairs added to those tokens' logits (vLLM's and
     # OpenAI's logit_bias), each id once
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # runtime.guided: the completion is one of these strings, then EOS (vLLM's guided_choice)
+    guided_choice: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -101,6 +103,7 @@ class SamplingParams:
         if any(t < 0 for t in self.allowed_token_ids):
             raise ValueError(f"allowed token ids must be >= 0, got {min(self.allowed_token_ids)}")
         self._check_logit_bias()
+        self._check_guided_choice()
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")
@@ -128,6 +131,17 @@ class SamplingParams:
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails too
                 raise ValueError(f"logit_bias of token {t} must be in [-{MAX_LOGIT_BIAS:g}, "
                                  f"{MAX_LOGIT_BIAS:g}], got {bias}")
+
+    def _check_guided_choice(self) -> None:
+        if not self.guided_choice:
+            return
+        if not all(self.guided_choice):
+            raise ValueError("guided choices must not be empty strings")
+        # a completion that is a whole choice can only go on to EOS
+        if self.ignore_eos:
+            raise ValueError("guided choice ends a completion at EOS: not with ignore_eos")
+        if self.min_tokens:
+            raise ValueError("guided choice ends a completion at EOS: not with min_tokens")
 
     @property
     def greedy(self) -> bool:

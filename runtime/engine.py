@@ -10,6 +10,7 @@ from transformers import PretrainedConfig
 
 from runtime.config import EngineConfig
 from runtime.cuda_graphs import DecodeGraphs
+from runtime.guided import Guides
 from runtime.host_memory import keep_step_buffers, return_freed_memory
 from runtime.kv.manager import KVCacheManager
 from runtime.loader import (
@@ -95,6 +96,8 @@ class Engine:
             self.scheduler.released = self.proposer.release
         self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer,
                                   self.eos_token_ids)
+        self.guides = Guides(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.runner.guide_for = self.guides.for_choices
         if config.cuda_graphs:
             self.runner.graphs = decode_graphs(self, caches)
         if p.device.type == "cpu":
@@ -190,6 +193,8 @@ class Engine:
             if outside := [t for t in listed if t >= vocab]:
                 return (f"{what} {outside[0]} is outside the model's vocabulary (ids 0 to "
                         f"{vocab - 1})")
+        if params.guided_choice and (why := self.guides.problem(params.guided_choice)):
+            return why
         if -(-n // self.placement.block_size) > self.kv_cache_config.num_blocks - 1:
             # its prompt alone outgrows the cache: failed now, not after preempting the others
             return self._too_large(n, request.params.max_tokens)

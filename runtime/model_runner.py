@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from runtime.cpu_kernels import argmax_rows
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
+from runtime.guided import ChoiceGuide, apply_guides
 from runtime.inputs import PromptRows, SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.penalties import hold_eos, penalize
@@ -65,6 +67,7 @@ class ModelRunner:
         # greedy steps: the argmax without the full float32 head, same bits (runtime.greedy_head)
         self.exact_head = ExactGreedyHead.for_head(model.lm_head)
         self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps, if enabled
+        self.guide_for: Callable[[tuple[str, ...]], ChoiceGuide] = _no_guides  # Engine.guide
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> RunnerOutput:
@@ -132,10 +135,11 @@ class ModelRunner:
         # logits changed by allowed_token_ids or logit_bias, and those that depend on the
         # tokens so far: penalties, EOS held back by min_tokens
         biased = any(s.params.biased for s in seqs)
+        guided = any(s.params.guided_choice for s in seqs)
         penalized = any(s.params.penalized for s in seqs)
         held = any(s.num_output_tokens < s.params.min_tokens
                    and (self.eos_token_ids or s.params.stop_token_ids) for s in seqs)
-        changed = biased or penalized or held
+        changed = biased or guided or penalized or held
         want_logprobs = any(s.params.wants_logprobs for s in seqs)
         if all(s.params.greedy for s in seqs) and not (changed or want_logprobs):
             best = (self.exact_head.argmax(selected) if self.exact_head is not None
@@ -145,7 +149,9 @@ class ModelRunner:
         logits = self.model.compute_logits(selected).float()
         raw = logits.clone() if changed and want_logprobs else logits
         verified = [r.draft_token_ids for r in rows]
-        if biased:  # in vLLM's order: allowed ids, min_tokens, logit_bias, then the penalties
+        if guided:  # in vLLM's order: the structured output's mask, allowed ids, min_tokens,
+            apply_guides(logits, seqs, verified, self.guide_for)  # logit_bias, penalties
+        if biased:
             apply_token_bias(logits, seqs, [len(r.logits_rows) for r in rows])
         if held:
             hold_eos(logits, seqs, verified, self.eos_token_ids)
@@ -169,6 +175,10 @@ class ModelRunner:
         return tokens, token_logprobs(raw, [len(r.logits_rows) for r in rows], tokens,
                                       [s.params.top_logprobs if s.params.wants_logprobs else None
                                        for s in seqs])
+
+
+def _no_guides(choices: tuple[str, ...]) -> ChoiceGuide:
+    raise RuntimeError("this runner was built without guided choice (Engine sets guide_for)")
 
 
 def _emitted(sampled: torch.Tensor) -> list[list[int]]:

@@ -1,0 +1,193 @@
+"""SamplingParams.guided_choice (runtime.guided): tokens' bytes as the tokenizer decodes them; the
+tokens of a greedy loop over transformers' logits masked to the choices by brute force; every
+completion ended at EOS is a choice; the same tokens with drafts as without."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.guided import TokenBytes
+from runtime.request import Completion, GenerationRequest
+
+PROMPTS = [(5, 9, 5, 9, 5), (200, 3), (40, 41, 42, 40, 41, 42, 40), (7,), (100, 100, 100, 12)]
+# overlapping choices: after "Par" both go on; "yes" is whole where "yes, sir" goes on
+CHOICES = ("Paris", "Parma", "yes", "yes, sir", "Rome")
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+
+
+def _run(model: Path, params: list[SamplingParams], reference: dict[str, tuple[int, ...]]
+         | None = None, **options: object) -> dict[str, Completion]:
+    engine = Engine(EngineConfig(model=str(model), block_size=4, kv_cache_memory=1 << 20,
+                                 **options))  # type: ignore[arg-type]
+    if reference is not None:
+        engine.draft_from_reference(reference)
+    requests = [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(
+        zip(PROMPTS, params, strict=True))]
+    return {c.request_id: c for c in engine.generate(requests)}
+
+
+def _decodes_alike(tokenizer: PreTrainedTokenizerFast, spelled: TokenBytes,
+                   groups: list[list[int]] | None = None, strip_one_space: bool = False,
+                   only_in_groups: range = range(0)) -> None:
+    """Random token sequences (with `groups` of tokens mixed in whole, and the tokens of
+    `only_in_groups` only so): their bytes, as UTF-8, are the tokenizer's decoded text."""
+    rng = random.Random(0)
+    ordinary = [[t] for t, b in enumerate(spelled.by_id)
+                if b is not None and t not in only_in_groups]
+    for _ in range(300):
+        ids = [t for g in rng.choices(ordinary + (groups or []) * 20, k=rng.randint(1, 12))
+               for t in g]
+        text = b"".join(spelled.by_id[t] or b"" for t in ids).decode("utf-8", "replace")
+        if strip_one_space and text.startswith(" "):  # SentencePiece's decoder drops it
+            text = text[1:]
+        assert text == tokenizer.decode(ids), ids
+    for special in tokenizer.all_special_ids:
+        assert spelled.by_id[special] is None
+
+
+def test_byte_level_tokens_spell_what_the_tokenizer_decodes(
+        tiny_tokenizer: PreTrainedTokenizerFast, smollm2_dir: Path) -> None:
+    _decodes_alike(tiny_tokenizer, TokenBytes(tiny_tokenizer, len(tiny_tokenizer)))
+    real = PreTrainedTokenizerFast.from_pretrained(smollm2_dir)
+    spelled = TokenBytes(real, len(real))
+    _decodes_alike(real, spelled)
+    assert spelled.spells("Zürich \u2603".encode())
+
+
+def test_sentencepiece_tokens_spell_what_the_tokenizer_decodes() -> None:
+    """A Llama-2-style vocabulary: U+2581 for spaces, <0xNN> byte tokens for the rest."""
+    pieces = sorted(set("\u2581the capital of France is Paris".replace(" ", "\u2581")))
+    merges = [("\u2581", "t"), ("\u2581t", "h"), ("\u2581th", "e"), ("a", "r"), ("i", "s")]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in pieces + ["".join(m) for m in merges]:
+        vocab.setdefault(piece, len(vocab))
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+    spelled = TokenBytes(fast, len(fast))
+    assert spelled.by_id[vocab["<0xC3>"]] == b"\xc3" and spelled.by_id[vocab["\u2581the"]] == b" the"
+    assert spelled.spells("Zürich is \u2603".encode())  # letters it lacks, from bytes
+    utf8 = [[vocab[f"<0x{b:02X}>"] for b in c.encode()] for c in "ü\u2603é"]
+    # alone, most bytes are not UTF-8: mixed in only as whole characters
+    _decodes_alike(fast, spelled, utf8, strip_one_space=True, only_in_groups=range(3, 259))
+
+
+def _masked_greedy_loop(model: torch.nn.Module, spelled: TokenBytes, prompt: tuple[int, ...],
+                        choices: tuple[str, ...], eos: int, max_tokens: int) -> tuple[int, ...]:
+    """Greedy tokens of transformers' logits where, at each step, every token is checked by
+    hand: allowed if the text so far plus its bytes starts some choice; EOS once the text is a
+    choice."""
+    wanted = [c.encode() for c in choices]
+    tokens, text = list(prompt), b""
+    for _ in range(max_tokens):
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens])).logits[0, -1]
+        for t in range(len(logits)):
+            b = spelled.by_id[t]
+            ok = (t == eos and text in wanted) or (
+                b is not None and any(w.startswith(text + b) for w in wanted))
+            if not ok:
+                logits[t] = float("-inf")
+        tokens.append(int(logits.argmax()))
+        if tokens[-1] == eos:
+            break
+        text += spelled.by_id[tokens[-1]] or b""
+    return tuple(tokens[len(prompt):])
+
+
+@pytest.fixture(scope="module")
+def guided(tiny_model_dir: Path) -> dict[str, Completion]:
+    return _run(tiny_model_dir, [SamplingParams(max_tokens=16, guided_choice=CHOICES)] * 5)
+
+
+def test_greedy_choices_are_transformers_loop_masked_by_hand(
+        tiny_model_dir: Path, tiny_hf_model: torch.nn.Module,
+        tiny_tokenizer: PreTrainedTokenizerFast, guided: dict[str, Completion]) -> None:
+    spelled = TokenBytes(tiny_tokenizer, len(tiny_tokenizer))
+    eos = tiny_tokenizer.eos_token_id
+    for rid, c in guided.items():
+        assert c.token_ids == _masked_greedy_loop(tiny_hf_model, spelled, PROMPTS[int(rid)],
+                                                  CHOICES, eos, 16)
+        assert c.finish_reason == "stop" and c.token_ids[-1] == eos
+        assert tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True) in CHOICES
+    # a random model: letter by letter, to more than one choice
+    assert len({c.token_ids for c in guided.values()}) > 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_with_drafts_the_same_tokens(tiny_model_dir: Path, tiny_random_drafter: Path,
+                                     tiny_tokenizer: PreTrainedTokenizerFast,
+                                     guided: dict[str, Completion], temperature: float) -> None:
+    """Random EAGLE drafts, and reference drafts that spell a choice other than the one taken
+    (rejected where they part), give the tokens of decoding without drafts; a guided row
+    beside plain ones."""
+    params = [SamplingParams(max_tokens=16, guided_choice=CHOICES, temperature=temperature,
+                             seed=i) for i in range(4)] + [
+        SamplingParams(max_tokens=16, temperature=temperature, seed=4)]
+    alone = _run(tiny_model_dir, params)
+    for c in list(alone.values())[:4]:
+        assert tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True) in CHOICES
+    other = {r: tuple(tiny_tokenizer("Parma")["input_ids"]) for r in alone}
+    for options in (dict(reference=other), {}):
+        spec = _run(tiny_model_dir, params, drafter=str(tiny_random_drafter),
+                    num_speculative_tokens=3, **options)  # type: ignore[arg-type]
+        assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids
+                                                             for r, c in alone.items()}
+        assert sum(c.num_drafted for c in spec.values()) > 0
+    if temperature == 0.0:
+        assert {r: alone[r].token_ids for r in "0123"} == {r: guided[r].token_ids
+                                                           for r in "0123"}
+
+
+def test_choices_no_token_spells_fail_their_request_alone(tiny_model_dir: Path) -> None:
+    params = [SamplingParams(max_tokens=4, guided_choice=("yes", "\u00e6\u00f8"))] + [
+        SamplingParams(max_tokens=4, guided_choice=("yes", "no"))] * 4
+    got = _run(tiny_model_dir, params)
+    assert got["0"].finish_reason == "error"
+    assert got["0"].error == "guided choice '\u00e6\u00f8': no tokens of this vocabulary spell it"
+    assert {c.finish_reason for rid, c in got.items() if rid != "0"} == {"stop"}
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(guided_choice=("a", "")), "guided choices must not be empty strings"),
+    (dict(guided_choice=("a",), ignore_eos=True), "not with ignore_eos"),
+    (dict(guided_choice=("a",), min_tokens=2), "not with min_tokens"),
+])
+def test_bad_values_are_refused(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kw)  # type: ignore[arg-type]
+
+
+def test_drafts_past_a_whole_choice_are_rejected(tiny_model_dir: Path,
+                                                 tiny_random_drafter: Path,
+                                                 guided: dict[str, Completion]) -> None:
+    """Reference drafts that spell each row's choice and then go on as the unguided model
+    would (its argmax after the choice): only EOS may follow the choice, so those drafts are
+    rejected there, where an unmasked row would take them."""
+    params = [SamplingParams(max_tokens=16, guided_choice=CHOICES)] * 5
+    choice_tokens = {r: c.token_ids[:-1] for r, c in guided.items()}  # without the EOS
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), block_size=4,
+                                 kv_cache_memory=1 << 20))
+    going_on = {c.request_id: c.token_ids for c in engine.generate(
+        [GenerationRequest(r, PROMPTS[int(r)] + t, SamplingParams(max_tokens=3, ignore_eos=True))
+         for r, t in choice_tokens.items()])}
+    reference = {r: choice_tokens[r] + going_on[r] for r in guided}
+    spec = _run(tiny_model_dir, params, reference, drafter=str(tiny_random_drafter),
+                num_speculative_tokens=4)
+    assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids
+                                                         for r, c in guided.items()}
+    # the choices' tokens after the first (which the prompt's step makes) came from drafts
+    assert sum(c.num_accepted for c in spec.values()) >= sum(
+        len(t) - 2 for t in choice_tokens.values())
