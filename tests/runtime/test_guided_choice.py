@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from runtime.config import EngineConfig, SamplingParams
@@ -77,7 +77,8 @@ def test_sentencepiece_tokens_spell_what_the_tokenizer_decodes() -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>")
     spelled = TokenBytes(fast, len(fast))
-    assert spelled.by_id[vocab["<0xC3>"]] == b"\xc3" and spelled.by_id[vocab["\u2581the"]] == b" the"
+    assert spelled.by_id[vocab["<0xC3>"]] == b"\xc3"
+    assert spelled.by_id[vocab["\u2581the"]] == b" the"
     assert spelled.spells("Zürich is \u2603".encode())  # letters it lacks, from bytes
     utf8 = [[vocab[f"<0x{b:02X}>"] for b in c.encode()] for c in "ü\u2603é"]
     # alone, most bytes are not UTF-8: mixed in only as whole characters
