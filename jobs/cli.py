@@ -212,6 +212,11 @@ def main() -> None:
                    "the JSON object {\"17\": 2.5, \"90\": -100} (OpenAI's and vLLM's "
                    "logit_bias: -100 bans a token, +100 all but forces it), before the "
                    "penalties. A logit_bias column (map<integer, number>) overrides it.")
+@click.option("--guided-choice", multiple=True, metavar="TEXT",
+              help="Repeatable: each completion is one of these strings, then EOS (vLLM's "
+                   "guided_choice: labels for a classification job). Any way the tokenizer "
+                   "can spell a choice is open to the model; drafts change no token. A "
+                   "guided_choice column (list<string>) overrides it.")
 @click.option("--ignore-eos", is_flag=True,
               help="Do not end a row at the model's EOS tokens: generate until --max-tokens, a "
                    "stop string or a stop token id (vLLM's ignore_eos: synthetic load, fixed "

@@ -65,6 +65,7 @@ def job_config(o: dict[str, Any]) -> JobConfig:
         include_stop_str_in_output=o["include_stop_str_in_output"],
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
         presence_penalty=o["presence_penalty"], allowed_token_ids=o["allowed_token_ids"],
-        logit_bias=o["logit_bias"], logprobs=o["logprobs"],
+        logit_bias=o["logit_bias"], guided_choice=tuple(sorted(set(o["guided_choice"]))),
+        logprobs=o["logprobs"],
         top_logprobs=o["top_logprobs"], prompt_logprobs=o["prompt_logprobs"], engine=engine,
         ray=ray)

@@ -168,6 +168,10 @@ class Engine:
             on_step(generated)
         return finished
 
+    def guided_choice_problem(self, choices: tuple[str, ...]) -> str | None:
+        """Why requests guided to these choices cannot run here (runtime.guided), or None."""
+        return self.guides.problem(choices)
+
     def _admission_error(self, request: GenerationRequest) -> str | None:
         n = len(request.prompt_token_ids)
         if n == 0:
@@ -193,7 +197,7 @@ class Engine:
             if outside := [t for t in listed if t >= vocab]:
                 return (f"{what} {outside[0]} is outside the model's vocabulary (ids 0 to "
                         f"{vocab - 1})")
-        if params.guided_choice and (why := self.guides.problem(params.guided_choice)):
+        if params.guided_choice and (why := self.guided_choice_problem(params.guided_choice)):
             return why
         if -(-n // self.placement.block_size) > self.kv_cache_config.num_blocks - 1:
             # its prompt alone outgrows the cache: failed now, not after preempting the others

@@ -30,6 +30,8 @@ class EngineLike(Protocol):
     vocab_size: int
     unapplied_generation_config: list[str]
 
+    def guided_choice_problem(self, choices: tuple[str, ...]) -> str | None: ...
+
     def generate(self, requests: Iterable[GenerationRequest],
                  on_step: Callable[[int], None] | None = None) -> Iterator[Completion]: ...
 

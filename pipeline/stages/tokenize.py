@@ -152,6 +152,9 @@ def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
     for name in ("stop_token_ids", "allowed_token_ids"):  # sorted, once each, as the options
         if name in changes:
             changes[name] = tuple(sorted({t for t in changes[name] if t is not None}))
+    if "guided_choice" in changes:  # sorted, once each, as the option; null entries are none
+        changes["guided_choice"] = tuple(sorted({c for c in changes["guided_choice"]
+                                                 if c is not None}))
     if "logit_bias" in changes:  # a map's (id, bias) pairs; a null bias is none
         changes["logit_bias"] = tuple(sorted((t, float(b)) for t, b in changes["logit_bias"]
                                              if b is not None))
