@@ -1,4 +1,5 @@
-"""One small bench on the tiny random checkpoint, run once and read by several tests."""
+"""One small bench on the tiny random checkpoint, run once and read by several tests; the
+`bench` and `report` commands run in-process."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ BATCH_SIZES = (1, 3)
 KS = (0, 2)
 REPEATS = 2
 MAX_TOKENS = 6
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run_bench_cli(*args: str) -> Result:
     return CliRunner().invoke(main, ["bench", *args])
+
+
+def _report(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["report", *args])
+    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from jobs.cli import main
 from runtime.speculative.train_job import run_train_drafter
-from tests.runtime.speculative.test_train_guards import PROMPTS, _job
+from tests.runtime.speculative.train_jobs import PROMPTS, _job
 
 
 def test_an_out_holding_a_drafter_without_checkpoint_is_not_overwritten(

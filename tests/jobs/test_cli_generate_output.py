@@ -1,4 +1,7 @@
-"""`eaglebatch generate` through the real CLI and the real engine on the tiny checkpoint."""
+"""`eaglebatch generate` through the real CLI and the real engine on the tiny checkpoint: the
+documented schema, one row per input row (n samples each), ids, per-row overrides, a resume,
+a lossless drafter, and the notes on the model's chat template, generation config and
+context."""
 
 from __future__ import annotations
 
@@ -6,34 +9,21 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
-from click.testing import CliRunner, Result
 
-from jobs.cli import main
 from tests.drafter_fixtures import make_random_drafter
-from tests.pipeline.helpers import hidden_files, not_utf8, read_parts, write_parquet
+from tests.jobs.generate_cases import PROMPTS, _generate
+from tests.pipeline.helpers import read_parts, write_parquet
 
-REPO = Path(__file__).resolve().parents[2]
-PROMPTS = ["Paris is the capital of", "The quick brown fox", "To bake bread, mix flour",
-           "The sky is blue because", "Berlin is", "Once upon a time", "Numbers: 0 1 2 3"]
 GENERATED = [
     ("completion", pa.string()), ("completion_token_ids", pa.list_(pa.int32())),
     ("finish_reason", pa.string()), ("prompt_tokens", pa.int32()),
     ("completion_tokens", pa.int32()), ("num_drafted", pa.int32()), ("num_accepted", pa.int32()),
     ("max_tokens_clamped", pa.bool_()), ("error", pa.string()),
 ]
-
-
-def _generate(model_dir: Path, input_path: Path, out: Path, *args: str) -> Result:
-    return CliRunner().invoke(main, ["generate", str(input_path), str(out), "--model",
-                                     str(model_dir), "--kv-cache-memory", "16MiB", *args])
 
 
 def _types(table: pa.Table | pa.Schema) -> list[tuple[str, pa.DataType]]:
@@ -134,130 +124,6 @@ def test_resume_after_losing_a_part_file_regenerates_only_that_shard(
     assert {n: os.stat(out / n).st_mtime_ns for n in kept} == kept
 
 
-@pytest.mark.parametrize(("setup", "args", "message"), [
-    ("missing_column", (), "{input}: no column 'prompt' (columns: id, text); choose the column "
-                           "with --prompt-column"),
-    ("duplicate_ids", (), "duplicate id 'x' in column 'id': {input} row 0 and {input} row 2; "
-                          "ids must be unique"),
-    ("corrupt", (), "{input}: not a readable Parquet file ("),
-    ("name_not_utf8", (), "{input}: not a readable Parquet file ("),
-    ("ok", ("--messages-column", "msgs", "--no-chat-template"),
-     "--messages-column needs the chat template; drop --no-chat-template"),
-    ("parts_without_manifest", (), "{out} holds part-00000.parquet but no manifest.json"),
-    ("ok", ("--model", "{tmp}/no-such-model"), "cannot load --model {tmp}/no-such-model: "),
-    ("not_utf8_id", (), "{input}: id column 'id' is not valid UTF-8 at row 1 (invalid start "
-                        "byte at byte 0)"),
-    ("ok", ("--id-column", "error"), "--id-column 'error': {input} has no such column, so ids "
-                                     "would be written to a new one, but that is the name of an "
-                                     "output column"),
-    ("out_is_a_file", (), "OUTPUT_DIR {out} is a file, not a directory"),
-])
-def test_user_errors_exit_2_with_one_line(tmp_path: Path, setup: str, args: tuple[str, ...],
-                                          message: str) -> None:
-    path = tmp_path / "in.parquet"
-    out = tmp_path / "out"
-    if setup == "missing_column":
-        write_parquet(path, {"id": ["a"], "text": ["hi"]})
-    elif setup == "duplicate_ids":
-        write_parquet(path, {"id": ["x", "y", "x"], "prompt": ["a", "b", "c"]})
-    elif setup == "corrupt":
-        path.write_bytes(b"PAR1 but not really")
-    elif setup == "name_not_utf8":  # a column name in the footer that is not UTF-8 (a traceback)
-        write_parquet(path, {"id": ["a"], "prompt": ["hi"], "note": ["x"]})
-        data = path.read_bytes()
-        footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-        path.write_bytes(data[:footer] + data[footer:].replace(b"note", b"\xffote"))
-    elif setup == "not_utf8_id":
-        write_parquet(path, {"id": not_utf8(["a", "bb", "c"], 1), "prompt": ["x", "y", "z"]})
-    else:
-        write_parquet(path, {"id": ["a"], "prompt": ["hi"]})
-    if setup == "parts_without_manifest":
-        out.mkdir()
-        (out / "part-00000.parquet").write_bytes(b"x")
-    if setup == "out_is_a_file":
-        out.write_bytes(b"")
-    fmt = {"input": path, "out": out, "tmp": tmp_path}
-    argv = ["generate", str(path), str(out), "--model", str(tmp_path / "no-such-model")]
-    if "--model" in args:
-        argv = ["generate", str(path), str(out)]
-    result = CliRunner().invoke(main, argv + [a.format(**fmt) for a in args])
-    assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("error: " + message.format(**fmt))
-    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
-
-
-def test_bad_option_values_exit_2() -> None:
-    result = CliRunner().invoke(main, ["generate", "in", "out", "--kv-cache-memory", "lots"])
-    assert result.exit_code == 2 and "cannot read memory size 'lots'" in result.output
-    result = CliRunner().invoke(main, ["generate", "in", "out", "--top-p", "0"])
-    assert result.exit_code == 2
-    result = CliRunner().invoke(main, ["generate", "in", "out", "--stop", "\n", "--stop", ""])
-    assert result.exit_code == 2
-    assert ("Invalid value for '--stop': an empty stop string would end every completion at its "
-            "first token") in result.output
-
-
-def test_every_option_has_help() -> None:
-    for param in main.commands["generate"].params:
-        if isinstance(param, __import__("click").Option):
-            assert param.help and len(param.help) > 20, param.name
-
-
-def _start(model_dir: Path, input_path: Path, out: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "jobs", "generate", str(input_path), str(out), "--model",
-         str(model_dir), "--kv-cache-memory", "16MiB", "--shard-rows", "1", "--max-tokens", "24"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _wait_for_shards(out: Path, more_than: int, proc: subprocess.Popen[bytes]) -> int:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            done = len(json.loads((out / "manifest.json").read_text())["shards"])
-        except (OSError, ValueError):
-            done = 0
-        if done > more_than:
-            return done
-        time.sleep(0.02)
-    raise AssertionError("no shard committed in time")
-
-
-def test_sigint_then_sigkill_then_resume_gives_every_row_once_as_uninterrupted(
-        tmp_path: Path, tiny_model_dir: Path) -> None:
-    prompts = [f"{p} {i}" for i in range(3) for p in PROMPTS] * 2  # 42 rows, 42 shards
-    path = write_parquet(tmp_path / "in.parquet",
-                         {"id": [f"r{i}" for i in range(len(prompts))], "prompt": prompts})
-    out = tmp_path / "out"
-    proc = _start(tiny_model_dir, path, out)
-    _wait_for_shards(out, 0, proc)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert stderr.decode().rstrip().endswith("interrupted; rerun the same command to resume")
-    assert not (out / "_SUCCESS").exists()
-
-    proc = _start(tiny_model_dir, path, out)
-    done = _wait_for_shards(out, 1, proc)
-    proc.kill()  # SIGKILL: no handler runs
-    proc.wait(timeout=60)
-    assert done < len(prompts) and not (out / "_SUCCESS").exists()
-
-    result = CliRunner().invoke(main, ["generate", str(path), str(out), "--model",
-                                       str(tiny_model_dir), "--kv-cache-memory", "16MiB",
-                                       "--shard-rows", "1", "--max-tokens", "24"])
-    assert result.exit_code == 0, result.output
-    assert hidden_files(out) == [] and (out / "_SUCCESS").exists()
-    table = read_parts(out)
-    assert table.column("id").to_pylist() == [f"r{i}" for i in range(len(prompts))]
-    reference = _generate(tiny_model_dir, path, tmp_path / "ref", "--shard-rows", "7",
-                          "--max-tokens", "24")
-    assert reference.exit_code == 0
-    assert table.equals(read_parts(tmp_path / "ref"))
-
-
 def test_drafter_is_lossless_and_its_acceptance_is_reported(tmp_path: Path,
                                                             tiny_model_dir: Path) -> None:
     drafter = make_random_drafter(tiny_model_dir, tmp_path / "drafter", num_layers=2)
@@ -296,67 +162,6 @@ def test_drafter_is_lossless_and_its_acceptance_is_reported(tmp_path: Path,
         "note: nothing was drafted: requests draft only in steps of at most 1 request "
         "(--draft-max-batch); a request's drafts stop where the drafter's confidence falls below "
         "0.15 (--draft-confidence)\n")
-
-
-
-@pytest.mark.parametrize("overwrite", [False, True])
-def test_ctrl_c_while_the_job_starts_is_a_message_not_a_traceback(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overwrite: bool) -> None:
-    """Before the job's own SIGINT handler is in place (reading inputs, loading the model)."""
-    import pipeline.job
-
-    def interrupted(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(pipeline.job, "run_job", interrupted)
-    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
-    result = CliRunner().invoke(main, ["generate", str(inputs), str(tmp_path / "out"),
-                                       *(["--overwrite"] if overwrite else [])])
-    assert result.exit_code == 128 + signal.SIGINT
-    hint = ("rerun the same command without --overwrite to resume (with it, the job starts "
-            "over)" if overwrite else "rerun the same command to resume")
-    assert result.stderr == f"interrupted; the shards committed so far are kept: {hint}\n"
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_while_the_command_imports_is_a_message(tmp_path: Path, tiny_model_dir: Path,
-                                                         signum: int) -> None:
-    """The first seconds go to importing torch and transformers, before any command runs."""
-    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
-    proc = _start(tiny_model_dir, inputs, tmp_path / "out")
-    time.sleep(0.5)
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signum
-    # half a second in, a 2-core machine is still importing; a fast one may be loading the model
-    assert err.decode() in ("interrupted while starting, before anything was done: rerun the "
-                            "same command\n", "interrupted; the shards committed so far are "
-                            "kept: rerun the same command to resume\n")
-    assert not (tmp_path / "out").exists()
-
-
-def test_sigterm_while_the_job_starts_is_a_message_not_a_kill(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before the job's own handlers (reading inputs, loading the model), SIGTERM killed the
-    process without a word; now it says how to resume."""
-    import pipeline.job
-
-    def terminated(*args: object, **kwargs: object) -> None:
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler raises before this ends
-        raise AssertionError("SIGTERM was not handled")
-
-    monkeypatch.setattr(pipeline.job, "run_job", terminated)
-    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
-    before = signal.getsignal(signal.SIGTERM)
-    result = CliRunner().invoke(main, ["generate", str(inputs), str(tmp_path / "out")])
-    assert result.exit_code == 128 + signal.SIGTERM
-    assert result.stderr == ("interrupted; the shards committed so far are kept: rerun the same "
-                             "command to resume\n")
-    assert before is not signal.SIG_IGN
-    # a second signal while the process exits is ignored (Ctrl-C raised in objects' __del__,
-    # SIGTERM killed it after the message)
-    assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
 def test_a_model_without_a_chat_template_says_prompts_are_raw_text(
@@ -415,25 +220,3 @@ def test_max_model_len_clamps_rows_to_the_context_it_sets(tmp_path: Path,
     assert longer.exit_code == 0, longer.output
     assert (f"note: --max-model-len 600 is past the context of {tiny_model_dir} (512 tokens): "
             "positions beyond it are ones the model was not trained on\n") in longer.stderr
-
-
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_once_success_is_written_leaves_exit_0(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
-    """Between writing _SUCCESS and returning (the shards' handlers gone, the command's own not
-    yet ignoring), a soak's SIGTERM gave exit 143 and 'interrupted' on a complete job."""
-    import pipeline.job
-    from pipeline.stats import Counts
-
-    out = tmp_path / "out"
-
-    def complete_then_signalled(config: object) -> pipeline.job.JobSummary:
-        out.mkdir()
-        (out / "_SUCCESS").write_bytes(b"")
-        os.kill(os.getpid(), signum)
-        return pipeline.job.JobSummary(Counts(rows=1), 1, 0, 1, True)
-
-    monkeypatch.setattr(pipeline.job, "run_job", complete_then_signalled)
-    inputs = write_parquet(tmp_path / "in.parquet", {"prompt": ["hi"]})
-    result = CliRunner().invoke(main, ["generate", str(inputs), str(out), "--drafter", "none"])
-    assert (result.exit_code, result.stderr) == (0, "")
