@@ -217,6 +217,11 @@ def main() -> None:
                    "guided_choice: labels for a classification job). Any way the tokenizer "
                    "can spell a choice is open to the model; drafts change no token. A "
                    "guided_choice column (list<string>) overrides it.")
+@click.option("--guided-regex", default=None, metavar="PATTERN",
+              help="Each completion matches this regular expression whole, then EOS (vLLM's "
+                   "guided_regex; Python's syntax without backreferences, lookarounds or \\b; "
+                   "\\d \\w \\s are ASCII): formats, IDs, simple JSON. A guided_regex column "
+                   "(string) overrides it.")
 @click.option("--ignore-eos", is_flag=True,
               help="Do not end a row at the model's EOS tokens: generate until --max-tokens, a "
                    "stop string or a stop token id (vLLM's ignore_eos: synthetic load, fixed "

@@ -53,7 +53,7 @@ def check_messages_template(messages_column: str | None, chat_template: bool) ->
 OPTIONAL_SAMPLING = ("min_tokens", "min_p", "repetition_penalty", "frequency_penalty",
                      "presence_penalty", "stop_token_ids", "ignore_eos",
                      "include_stop_str_in_output", "allowed_token_ids", "logit_bias",
-                     "guided_choice")
+                     "guided_choice", "guided_regex")
 
 
 def job_default(name: str) -> Any:
@@ -94,6 +94,7 @@ class JobConfig:
     allowed_token_ids: tuple[int, ...] = ()  # only these may be generated (() = all)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
     guided_choice: tuple[str, ...] = ()  # the completion is one of these (then EOS)
+    guided_regex: str | None = None  # the completion matches this whole (then EOS)
     logprobs: bool = False  # a completion_logprobs column
     top_logprobs: int = 0  # a completion_top_logprobs column of this many tokens (0 = none)
     prompt_logprobs: bool = False  # a prompt_logprobs column
@@ -128,6 +129,7 @@ class JobConfig:
                               presence_penalty=self.presence_penalty,
                               allowed_token_ids=self.allowed_token_ids,
                               logit_bias=self.logit_bias, guided_choice=self.guided_choice,
+                              guided_regex=self.guided_regex,
                               logprobs=self.logprobs,
                               top_logprobs=self.top_logprobs,
                               prompt_logprobs=self.prompt_logprobs)

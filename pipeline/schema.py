@@ -59,7 +59,8 @@ OPTIONAL_FIELDS = (LOGPROBS_FIELD, TOP_LOGPROBS_FIELD, PROMPT_LOGPROBS_FIELD)
 # Optional input columns that override the job's sampling options row by row.
 OVERRIDE_COLUMNS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                     "stop", "stop_token_ids", "repetition_penalty", "frequency_penalty",
-                    "presence_penalty", "allowed_token_ids", "logit_bias", "guided_choice")
+                    "presence_penalty", "allowed_token_ids", "logit_bias", "guided_choice",
+                    "guided_regex")
 _NUMBER_COLUMNS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                    "presence_penalty")
 
@@ -137,6 +138,8 @@ def _override_type_ok(name: str, t: pa.DataType) -> bool:
         return bool(pa.types.is_integer(t))
     if name in _NUMBER_COLUMNS:
         return bool(pa.types.is_floating(t) or pa.types.is_integer(t))
+    if name == "guided_regex":
+        return is_string(t)
     if name == "logit_bias":  # map<integer, number>
         return bool(pa.types.is_map(t) and pa.types.is_integer(t.key_type)
                     and (pa.types.is_floating(t.item_type) or pa.types.is_integer(t.item_type)))
@@ -150,6 +153,7 @@ _OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "min_tokens": "an integer",
                         "top_k": "an integer", "seed": "an integer",
                         "stop": "list<string>", "stop_token_ids": "list<integer>",
                         "allowed_token_ids": "list<integer>", "guided_choice": "list<string>",
+                        "guided_regex": "a string",
                         "logit_bias": "map<integer, number> (token id -> bias)",
                         **{name: "a number" for name in _NUMBER_COLUMNS}}
 

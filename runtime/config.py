@@ -10,6 +10,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from runtime.regex_parse import parse
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
@@ -83,6 +85,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # runtime.guided: the completion is one of these strings, then EOS (vLLM's guided_choice)
     guided_choice: tuple[str, ...] = ()
+    # runtime.guided: the completion matches this pattern whole, then EOS (vLLM's guided_regex;
+    # runtime.regex_dfa's syntax)
+    guided_regex: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -133,15 +138,27 @@ class SamplingParams:
                                  f"{MAX_LOGIT_BIAS:g}], got {bias}")
 
     def _check_guided_choice(self) -> None:
-        if not self.guided_choice:
+        if not self.guided:
             return
+        if self.guided_choice and self.guided_regex is not None:
+            raise ValueError("guided_choice and guided_regex: give one of them")
         if not all(self.guided_choice):
             raise ValueError("guided choices must not be empty strings")
-        # a completion that is a whole choice can only go on to EOS
+        if self.guided_regex == "":
+            raise ValueError("a guided regex must not be empty")
+        if self.guided_regex is not None:
+            parse(self.guided_regex)  # a RegexError (ValueError) names where it cannot be read
+        what = "guided choice" if self.guided_choice else "guided regex"
+        # a completion that is a whole choice (a whole match) may have to go on to EOS
         if self.ignore_eos:
-            raise ValueError("guided choice ends a completion at EOS: not with ignore_eos")
+            raise ValueError(f"{what} ends a completion at EOS: not with ignore_eos")
         if self.min_tokens:
-            raise ValueError("guided choice ends a completion at EOS: not with min_tokens")
+            raise ValueError(f"{what} ends a completion at EOS: not with min_tokens")
+
+    @property
+    def guided(self) -> bool:
+        """guided_choice or guided_regex (runtime.guided) constrain the completion."""
+        return bool(self.guided_choice) or self.guided_regex is not None
 
     @property
     def greedy(self) -> bool:

@@ -8,7 +8,7 @@ from itertools import chain
 import torch
 from transformers import PretrainedConfig
 
-from runtime.config import EngineConfig
+from runtime.config import EngineConfig, SamplingParams
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.guided import Guides
 from runtime.host_memory import keep_step_buffers, return_freed_memory
@@ -97,7 +97,7 @@ class Engine:
         self.runner = ModelRunner(self.model, caches, p.block_size, p.device, k, self.proposer,
                                   self.eos_token_ids)
         self.guides = Guides(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.runner.guide_for = self.guides.for_choices
+        self.runner.guide_for = self.guides.for_params
         if config.cuda_graphs:
             self.runner.graphs = decode_graphs(self, caches)
         if p.device.type == "cpu":
@@ -168,9 +168,9 @@ class Engine:
             on_step(generated)
         return finished
 
-    def guided_choice_problem(self, choices: tuple[str, ...]) -> str | None:
-        """Why requests guided to these choices cannot run here (runtime.guided), or None."""
-        return self.guides.problem(choices)
+    def guided_problem(self, params: SamplingParams) -> str | None:
+        """Why requests guided by these params cannot run here (runtime.guided), or None."""
+        return self.guides.problem(params)
 
     def _admission_error(self, request: GenerationRequest) -> str | None:
         n = len(request.prompt_token_ids)
@@ -197,7 +197,7 @@ class Engine:
             if outside := [t for t in listed if t >= vocab]:
                 return (f"{what} {outside[0]} is outside the model's vocabulary (ids 0 to "
                         f"{vocab - 1})")
-        if params.guided_choice and (why := self.guided_choice_problem(params.guided_choice)):
+        if params.guided and (why := self.guided_problem(params)):
             return why
         if -(-n // self.placement.block_size) > self.kv_cache_config.num_blocks - 1:
             # its prompt alone outgrows the cache: failed now, not after preempting the others

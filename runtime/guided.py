@@ -1,72 +1,75 @@
-"""Guided choice: a request's completion is one of a few given strings (vLLM's guided_choice,
-structured outputs' `choice`: labels for a classification job, yes / no, ...).
+"""Guided decoding: a request's completion is one of a few strings (guided_choice) or matches a
+regular expression (guided_regex), then EOS, as vLLM's guided_choice and guided_regex.
 
-The text generated so far, as bytes, is the state. A token may come next when the state plus
-the token's bytes is still the start of some choice; the EOS ids only once the state is a
-whole choice (and then nothing else, unless a longer choice goes on from it). So any way the
-tokenizer can spell a choice is open to the model, and a completion that ends at EOS is
-exactly one of the choices. Every row a request verifies gets the mask of the state after the
-drafts before it, so a drafter changes no token (a draft the mask forbids is rejected there).
+A guide reads the tokens generated so far as a state (None once they leave every completion it
+allows), and gives for a state the mask of the tokens that may come next: those whose bytes
+(runtime.token_bytes) keep the text on a way to a whole completion, and the EOS ids where the
+text is one. So any spelling the tokenizer has is open to the model, and a completion that
+ends at EOS is exactly an allowed one. Each row a request verifies gets the mask of the state
+after the drafts before it, so a drafter changes no token (a draft the mask forbids is
+rejected there).
 
-Tokens' bytes come from the tokenizer's vocabulary: byte-level BPE (GPT-2, Llama 3, Qwen,
-SmolLM) maps each byte to one character; SentencePiece vocabularies (Llama 2, Mistral) write
-a space as U+2581 and other bytes as <0xNN>. Special tokens spell nothing.
+- ChoiceGuide: the state is the text's bytes; the next tokens are looked up by the bytes
+  each choice has left (no walk over the vocabulary).
+- RegexGuide: the state is a state of the pattern's DFA (runtime.regex_dfa); a state's mask
+  walks the vocabulary's byte strings in sorted order, sharing the DFA steps of common
+  prefixes and skipping every token that starts with a prefix that has died. Masks are cached
+  by state (a pattern's completions pass through the same few states).
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Sequence
+import bisect
+from collections.abc import Callable, Hashable, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from runtime.config import SamplingParams
+from runtime.regex_dfa import DEAD, RegexDFA
 from runtime.sequence import Sequence as Seq
-
-_SENTENCEPIECE_SPACE = "\u2581"
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+from runtime.token_bytes import TokenBytes
 
 
-class TokenBytes:
-    """Each token id's bytes (None for a special token, or one that spells nothing), and the
-    ids of each byte string."""
+class Guide(Protocol):
+    def state(self, token_ids: Sequence[int]) -> Hashable | None: ...
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        self.by_id: list[bytes | None] = _token_bytes(tokenizer, vocab_size)
-        ids: dict[bytes, list[int]] = {}
-        for token, spelled in enumerate(self.by_id):
-            if spelled:
-                ids.setdefault(spelled, []).append(token)
-        self.ids = ids
-        self.longest = max(map(len, ids), default=0)
-
-    def spells(self, text: bytes) -> bool:
-        """Whether some sequence of tokens spells exactly `text`."""
-        reachable = [True] + [False] * len(text)
-        for start in range(len(text)):
-            if reachable[start]:
-                for end in range(start + 1, min(len(text), start + self.longest) + 1):
-                    if text[start:end] in self.ids:
-                        reachable[end] = True
-        return reachable[-1]
+    def mask(self, state: Hashable) -> Tensor: ...  # [vocab] bool: may come next
 
 
-class ChoiceGuide:
-    """The allowed next tokens of one request's choices, by state (cached)."""
+class _Masks:
+    """A guide's masks by state, from its `allowed` ids."""
+
+    def __init__(self, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+        self.vocab_size = vocab_size
+        self.eos = sorted(eos_token_ids)
+        self._masks: dict[Hashable, Tensor] = {}
+
+    def mask(self, state: Hashable) -> Tensor:
+        found = self._masks.get(state)
+        if found is None:
+            found = torch.zeros(self.vocab_size, dtype=torch.bool)
+            found[self.allowed(state)] = True
+            self._masks[state] = found
+        return found
+
+    def allowed(self, state: Hashable) -> list[int]:
+        raise NotImplementedError
+
+
+class ChoiceGuide(_Masks):
+    """The completion is one of `choices`."""
 
     def __init__(self, choices: Sequence[str], tokens: TokenBytes,
                  eos_token_ids: frozenset[int]) -> None:
+        super().__init__(tokens.vocab_size, eos_token_ids)
         self.choices = sorted({c.encode("utf-8", "surrogatepass") for c in choices})
         self.tokens = tokens
-        self.eos = sorted(eos_token_ids)
-        self._allowed: dict[bytes, list[int]] = {}
 
     def state(self, token_ids: Sequence[int]) -> bytes | None:
-        """The bytes of these tokens, or None where they leave every choice (or spell
-        nothing)."""
+        """The bytes of these tokens, or None where they leave every choice."""
         spelled = [self.tokens.by_id[t] if 0 <= t < len(self.tokens.by_id) else None
                    for t in token_ids]
         if any(s is None for s in spelled):
@@ -74,120 +77,144 @@ class ChoiceGuide:
         text = b"".join(s for s in spelled if s is not None)
         return text if any(c.startswith(text) for c in self.choices) else None
 
-    def allowed(self, state: bytes) -> list[int]:
-        """The ids that may follow `state`: those whose bytes go on along some choice, and
-        the EOS ids where `state` is a whole choice."""
-        found = self._allowed.get(state)
-        if found is None:
-            ids: set[int] = set()
-            for choice in self.choices:
-                if choice.startswith(state):
-                    rest = choice[len(state):]
-                    for end in range(1, min(len(rest), self.tokens.longest) + 1):
-                        ids.update(self.tokens.ids.get(rest[:end], ()))
-            found = sorted(ids) + (self.eos if state in self.choices else [])
-            self._allowed[state] = found
-        return found
+    def allowed(self, state: Hashable) -> list[int]:
+        assert isinstance(state, bytes)
+        ids: set[int] = set()
+        for choice in self.choices:
+            if choice.startswith(state):
+                rest = choice[len(state):]
+                for end in range(1, min(len(rest), self.tokens.longest) + 1):
+                    ids.update(self.tokens.ids.get(rest[:end], ()))
+        return sorted(ids) + (self.eos if state in self.choices else [])
 
     @cached_property
-    def unspellable(self) -> str | None:
-        """A choice this vocabulary cannot spell, if any."""
-        return next((c.decode("utf-8", "replace") for c in self.choices
-                     if not self.tokens.spells(c)), None)
+    def problem(self) -> str | None:
+        bad = next((c for c in self.choices if not self.tokens.spells(c)), None)
+        if bad is None:
+            return None
+        return f"guided choice {bad.decode('utf-8', 'replace')!r}: no tokens of this " \
+               "vocabulary spell it"
 
 
-def _token_bytes(tokenizer: Any, vocab_size: int) -> list[bytes | None]:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise ValueError("guided choice needs a fast (tokenizers) tokenizer")
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
-    kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
-    pieces = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
-    special = set(getattr(tokenizer, "all_special_ids", ()))
-    if "ByteLevel" in kinds:
-        byte_of = {c: b for b, c in _byte_level_chars().items()}
+class RegexGuide(_Masks):
+    """The completion matches `pattern` (as re.fullmatch, runtime.regex_dfa's syntax)."""
 
-        def spell(piece: str) -> bytes | None:
-            if any(c not in byte_of for c in piece):
-                return None
-            return bytes(byte_of[c] for c in piece)
-    elif "ByteFallback" in kinds or "Metaspace" in kinds or "Replace" in kinds:
-        def spell(piece: str) -> bytes | None:
-            if (byte := _BYTE_TOKEN.fullmatch(piece)) is not None:
-                return bytes([int(byte.group(1), 16)])
-            return piece.replace(_SENTENCEPIECE_SPACE, " ").encode("utf-8")
-    else:
-        raise ValueError(f"guided choice cannot read this tokenizer's tokens as bytes (its "
-                         f"decoder is {sorted(k for k in kinds if k)})")
-    out: list[bytes | None] = [None if i in special or p is None else spell(p)
-                               for i, p in enumerate(pieces)]
-    return out + [None] * (vocab_size - len(out))
+    def __init__(self, pattern: str, tokens: TokenBytes, eos_token_ids: frozenset[int]) -> None:
+        super().__init__(tokens.vocab_size, eos_token_ids)
+        self.dfa = RegexDFA(pattern)
+        self.tokens = tokens
+        self._sorted = sorted(tokens.ids)  # every byte string some token spells
+        self._states: dict[tuple[int, ...], int] = {}
+
+    def state(self, token_ids: Sequence[int]) -> int | None:
+        """The DFA's state after these tokens (from the one after all but the last, which the
+        step before asked for, where it is cached), or None once they leave the pattern."""
+        key = tuple(token_ids)
+        found = self._states.get(key)
+        if found is None:
+            before = self._states.get(key[:-1]) if key else self.dfa.start
+            found, todo = (before, key[-1:]) if before is not None else (self.dfa.start, key)
+            for token in todo:
+                spelled = self.tokens.by_id[token] if 0 <= token < self.vocab_size else None
+                found = DEAD if spelled is None else self.dfa.walk(found, spelled)
+            if len(self._states) > 100_000:  # one job's rows: a bound, not a working set
+                self._states.clear()
+            self._states[key] = found
+        return None if found == DEAD else found
+
+    def allowed(self, state: Hashable) -> list[int]:
+        assert isinstance(state, int)
+        ids: list[int] = []
+        strings, step = self._sorted, self.dfa.step
+        path = [state]  # the DFA's state after each byte of `previous`
+        previous = b""
+        i = 0
+        while i < len(strings):
+            text = strings[i]
+            common = 0
+            limit = min(len(previous), len(text), len(path) - 1)
+            while common < limit and previous[common] == text[common]:
+                common += 1
+            del path[common + 1:]
+            at = path[-1]
+            for k in range(common, len(text)):
+                at = step(at, text[k])
+                if at == DEAD:  # every string with this prefix dies too
+                    previous = text[:k]
+                    i = bisect.bisect_left(strings, _after_prefix(text[:k + 1]), i + 1)
+                    break
+                path.append(at)
+            else:
+                ids += self.tokens.ids[text]
+                previous = text
+                i += 1
+        ids.sort()
+        return ids + (self.eos if self.dfa.accepting(state) else [])
+
+    @cached_property
+    def problem(self) -> str | None:
+        if not self.allowed(self.dfa.start):
+            return f"guided regex {self.dfa.pattern!r}: no token of this vocabulary starts it"
+        return None
 
 
-def _byte_level_chars() -> dict[int, str]:
-    """Byte-level BPE's alphabet: each byte as one printable character. Bytes that print as
-    themselves keep their character; the others take the characters from U+0100 on, in
-    byte order."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(0x100 + extra)
-            extra += 1
-    return chars
+def _after_prefix(prefix: bytes) -> bytes:
+    """The least byte string above every string that starts with `prefix` (b"\\xff" * n:
+    none, so the end of the list)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\xff" * (len(prefix) + 64)
+    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 class Guides:
-    """One engine's ChoiceGuides, by choices, over its tokenizer's bytes (read on first use)."""
+    """One engine's guides, by request settings, over its tokenizer's bytes (read on first
+    use)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
         self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, eos_token_ids
         self._tokens: TokenBytes | None = None
-        self._guides: dict[tuple[str, ...], ChoiceGuide] = {}
+        self._guides: dict[tuple[str, ...] | str, ChoiceGuide | RegexGuide] = {}
 
-    def for_choices(self, choices: tuple[str, ...]) -> ChoiceGuide:
-        guide = self._guides.get(choices)
+    def for_params(self, params: SamplingParams) -> ChoiceGuide | RegexGuide:
+        key = params.guided_choice or params.guided_regex
+        assert key, "not a guided request"
+        guide = self._guides.get(key)
         if guide is None:
             if self._tokens is None:
                 self._tokens = TokenBytes(self._tokenizer, self._vocab_size)
-            guide = self._guides[choices] = ChoiceGuide(choices, self._tokens, self._eos)
+            guide = (ChoiceGuide(params.guided_choice, self._tokens, self._eos)
+                     if params.guided_choice
+                     else RegexGuide(params.guided_regex or "", self._tokens, self._eos))
+            self._guides[key] = guide
         return guide
 
-    def problem(self, choices: tuple[str, ...]) -> str | None:
-        """Why a request with these choices cannot run here, or None."""
+    def problem(self, params: SamplingParams) -> str | None:
+        """Why a request guided so cannot run here, or None."""
         if not self._eos:
-            return "guided choice ends a completion at EOS, and this model has no EOS id"
+            return "guided decoding ends a completion at EOS, and this model has no EOS id"
         try:
-            unspellable = self.for_choices(choices).unspellable
-        except ValueError as exc:
+            return self.for_params(params).problem
+        except ValueError as exc:  # the tokenizer's bytes, or the pattern
             return str(exc)
-        if unspellable is not None:
-            return f"guided choice {unspellable!r}: no tokens of this vocabulary spell it"
-        return None
 
 
 def apply_guides(logits: Tensor, seqs: Sequence[Seq], drafts: Sequence[Sequence[int]],
-                 guide_for: Callable[[tuple[str, ...]], ChoiceGuide]) -> Tensor:
+                 guide_for: Callable[[SamplingParams], Guide]) -> Tensor:
     """-inf in place for every token a guided request may not take next, at each of its rows:
     row j after its outputs and drafts 0 .. j-1 (rows laid out as runtime.penalties.penalize
-    has them). Past a draft that leaves every choice, rows are left as they are: verification
+    has them). Past a draft that leaves the guide, rows are left as they are: verification
     rejects that draft, and those rows' tokens are thrown away."""
     row = 0
     for seq, draft in zip(seqs, drafts, strict=True):
-        choices = seq.params.guided_choice
-        if choices:
-            guide = guide_for(choices)
-            state = guide.state(seq.output_token_ids)
+        if seq.params.guided:
+            guide = guide_for(seq.params)
+            outputs = seq.output_token_ids
             for j in range(len(draft) + 1):
+                state = guide.state([*outputs, *draft[:j]])
                 if state is None:
                     break
-                allowed = torch.tensor(guide.allowed(state), dtype=torch.int64,
-                                       device=logits.device)
-                kept = logits[row + j].index_select(0, allowed)
-                logits[row + j] = float("-inf")
-                logits[row + j, allowed] = kept
-                if j < len(draft):
-                    state = guide.state([*seq.output_token_ids, *draft[:j + 1]])
+                mask = guide.mask(state).to(logits.device)
+                logits[row + j].masked_fill_(~mask[:logits.shape[1]], float("-inf"))
         row += len(draft) + 1
     return logits

@@ -8,10 +8,11 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from runtime.config import SamplingParams
 from runtime.cpu_kernels import argmax_rows
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
-from runtime.guided import ChoiceGuide, apply_guides
+from runtime.guided import Guide, apply_guides
 from runtime.inputs import PromptRows, SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.penalties import hold_eos, penalize
@@ -67,7 +68,7 @@ class ModelRunner:
         # greedy steps: the argmax without the full float32 head, same bits (runtime.greedy_head)
         self.exact_head = ExactGreedyHead.for_head(model.lm_head)
         self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps, if enabled
-        self.guide_for: Callable[[tuple[str, ...]], ChoiceGuide] = _no_guides  # Engine.guide
+        self.guide_for: Callable[[SamplingParams], Guide] = _no_guides  # Engine.guides
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> RunnerOutput:
@@ -135,7 +136,7 @@ class ModelRunner:
         # logits changed by allowed_token_ids or logit_bias, and those that depend on the
         # tokens so far: penalties, EOS held back by min_tokens
         biased = any(s.params.biased for s in seqs)
-        guided = any(s.params.guided_choice for s in seqs)
+        guided = any(s.params.guided for s in seqs)
         penalized = any(s.params.penalized for s in seqs)
         held = any(s.num_output_tokens < s.params.min_tokens
                    and (self.eos_token_ids or s.params.stop_token_ids) for s in seqs)
@@ -177,8 +178,8 @@ class ModelRunner:
                                        for s in seqs])
 
 
-def _no_guides(choices: tuple[str, ...]) -> ChoiceGuide:
-    raise RuntimeError("this runner was built without guided choice (Engine sets guide_for)")
+def _no_guides(params: SamplingParams) -> Guide:
+    raise RuntimeError("this runner was built without guided decoding (Engine sets guide_for)")
 
 
 def _emitted(sampled: torch.Tensor) -> list[list[int]]:

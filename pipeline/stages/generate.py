@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from pipeline.stages.tokenize import PreparedRow
+from runtime.config import SamplingParams
 from runtime.request import Completion, GenerationRequest
 
 
@@ -30,7 +31,7 @@ class EngineLike(Protocol):
     vocab_size: int
     unapplied_generation_config: list[str]
 
-    def guided_choice_problem(self, choices: tuple[str, ...]) -> str | None: ...
+    def guided_problem(self, params: SamplingParams) -> str | None: ...
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_step: Callable[[int], None] | None = None) -> Iterator[Completion]: ...

@@ -155,6 +155,13 @@ def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
     if "guided_choice" in changes:  # sorted, once each, as the option; null entries are none
         changes["guided_choice"] = tuple(sorted({c for c in changes["guided_choice"]
                                                  if c is not None}))
+    if "guided_regex" in changes and not changes["guided_regex"]:  # "": none for this row
+        changes["guided_regex"] = None
+    # a row's guidance replaces the job's, of either kind
+    if "guided_choice" in changes and "guided_regex" not in changes:
+        changes["guided_regex"] = None
+    if "guided_regex" in changes and "guided_choice" not in changes:
+        changes["guided_choice"] = ()
     if "logit_bias" in changes:  # a map's (id, bias) pairs; a null bias is none
         changes["logit_bias"] = tuple(sorted((t, float(b)) for t, b in changes["logit_bias"]
                                              if b is not None))

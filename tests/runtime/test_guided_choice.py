@@ -1,21 +1,19 @@
-"""SamplingParams.guided_choice (runtime.guided): tokens' bytes as the tokenizer decodes them; the
-tokens of a greedy loop over transformers' logits masked to the choices by brute force; every
-completion ended at EOS is a choice; the same tokens with drafts as without."""
+"""SamplingParams.guided_choice (runtime.guided): the tokens of a greedy loop over transformers'
+logits masked to the choices by brute force; every completion ended at EOS is a choice; the
+same tokens with drafts as without."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
-from runtime.guided import TokenBytes
 from runtime.request import Completion, GenerationRequest
+from runtime.token_bytes import TokenBytes
 
 PROMPTS = [(5, 9, 5, 9, 5), (200, 3), (40, 41, 42, 40, 41, 42, 40), (7,), (100, 100, 100, 12)]
 # overlapping choices: after "Par" both go on; "yes" is whole where "yes, sir" goes on
@@ -33,56 +31,6 @@ def _run(model: Path, params: list[SamplingParams], reference: dict[str, tuple[i
     requests = [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(
         zip(PROMPTS, params, strict=True))]
     return {c.request_id: c for c in engine.generate(requests)}
-
-
-def _decodes_alike(tokenizer: PreTrainedTokenizerFast, spelled: TokenBytes,
-                   groups: list[list[int]] | None = None, strip_one_space: bool = False,
-                   only_in_groups: range = range(0)) -> None:
-    """Random token sequences (with `groups` of tokens mixed in whole, and the tokens of
-    `only_in_groups` only so): their bytes, as UTF-8, are the tokenizer's decoded text."""
-    rng = random.Random(0)
-    ordinary = [[t] for t, b in enumerate(spelled.by_id)
-                if b is not None and t not in only_in_groups]
-    for _ in range(300):
-        ids = [t for g in rng.choices(ordinary + (groups or []) * 20, k=rng.randint(1, 12))
-               for t in g]
-        text = b"".join(spelled.by_id[t] or b"" for t in ids).decode("utf-8", "replace")
-        if strip_one_space and text.startswith(" "):  # SentencePiece's decoder drops it
-            text = text[1:]
-        assert text == tokenizer.decode(ids), ids
-    for special in tokenizer.all_special_ids:
-        assert spelled.by_id[special] is None
-
-
-def test_byte_level_tokens_spell_what_the_tokenizer_decodes(
-        tiny_tokenizer: PreTrainedTokenizerFast, smollm2_dir: Path) -> None:
-    _decodes_alike(tiny_tokenizer, TokenBytes(tiny_tokenizer, len(tiny_tokenizer)))
-    real = PreTrainedTokenizerFast.from_pretrained(smollm2_dir)
-    spelled = TokenBytes(real, len(real))
-    _decodes_alike(real, spelled)
-    assert spelled.spells("Zürich \u2603".encode())
-
-
-def test_sentencepiece_tokens_spell_what_the_tokenizer_decodes() -> None:
-    """A Llama-2-style vocabulary: U+2581 for spaces, <0xNN> byte tokens for the rest."""
-    pieces = sorted(set("\u2581the capital of France is Paris".replace(" ", "\u2581")))
-    merges = [("\u2581", "t"), ("\u2581t", "h"), ("\u2581th", "e"), ("a", "r"), ("i", "s")]
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    for piece in pieces + ["".join(m) for m in merges]:
-        vocab.setdefault(piece, len(vocab))
-    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
-    spelled = TokenBytes(fast, len(fast))
-    assert spelled.by_id[vocab["<0xC3>"]] == b"\xc3"
-    assert spelled.by_id[vocab["\u2581the"]] == b" the"
-    assert spelled.spells("Zürich is \u2603".encode())  # letters it lacks, from bytes
-    utf8 = [[vocab[f"<0x{b:02X}>"] for b in c.encode()] for c in "ü\u2603é"]
-    # alone, most bytes are not UTF-8: mixed in only as whole characters
-    _decodes_alike(fast, spelled, utf8, strip_one_space=True, only_in_groups=range(3, 259))
 
 
 def _masked_greedy_loop(model: torch.nn.Module, spelled: TokenBytes, prompt: tuple[int, ...],

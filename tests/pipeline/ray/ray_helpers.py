@@ -34,7 +34,7 @@ def write_inputs(directory: Path) -> Path:
 
 def job_config(inputs: Path, out: Path, model_dir: Path, workers: int | None = 2,
                **kw: Any) -> JobConfig:
-    """The job of tests/pipeline/test_run_job.py; on Ray when workers is not None."""
+    """The job of tests/pipeline/job_cases.py; on Ray when workers is not None."""
     engine = EngineConfig(model=str(model_dir), kv_cache_memory=16 << 20)
     ray = None if workers is None else RayConfig(num_workers=workers)
     return JobConfig(input=str(inputs), output_dir=str(out), engine=engine, shard_rows=2,

@@ -1,0 +1,141 @@
+"""SamplingParams.guided_regex (runtime.guided.RegexGuide): a state's mask is the brute-force
+one over the whole vocabulary; greedy tokens are those of a loop over transformers' logits
+masked by a hand-written prefix language; completions ended at EOS match; drafts change no
+token."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from runtime.config import EngineConfig, SamplingParams
+from runtime.engine import Engine
+from runtime.guided import RegexGuide
+from runtime.regex_dfa import DEAD
+from runtime.request import Completion, GenerationRequest
+from runtime.token_bytes import TokenBytes
+
+PROMPTS = [(5, 9, 5, 9, 5), (200, 3), (40, 41, 42, 40, 41, 42, 40), (7,), (100, 100, 100, 12)]
+PATTERN = r"[a-e]+[0-9]{2}"
+PREFIXES = r"[a-e]*|[a-e]+[0-9]{0,2}"  # the prefixes of PATTERN's matches, by hand
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+
+
+def _run(model: Path, params: list[SamplingParams], reference: dict[str, tuple[int, ...]]
+         | None = None, **options: object) -> dict[str, Completion]:
+    engine = Engine(EngineConfig(model=str(model), block_size=4, kv_cache_memory=1 << 20,
+                                 **options))  # type: ignore[arg-type]
+    if reference is not None:
+        engine.draft_from_reference(reference)
+    requests = [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(
+        zip(PROMPTS, params, strict=True))]
+    return {c.request_id: c for c in engine.generate(requests)}
+
+
+@pytest.mark.parametrize("pattern, texts", [
+    (r'\{"name": "[^"]{0,20}", "age": [1-9][0-9]?\}', ['{"na', '{"name": "Ann', '{"name": "Ann",'
+                                                        ' "age": 4', '{"name": "é']),
+    (r"(Paris|Zürich|Москва) is (big|small)\.", ["", "Z", "Z\u00fc", "Москва is s", "Paris"]),
+    (r"[^\n]{1,8}\n", ["", "a b", "a\u00e9\u4e2d"]),
+])
+def test_a_states_mask_is_the_brute_force_one(smollm2_dir: Path, pattern: str,
+                                              texts: list[str]) -> None:
+    """The sorted walk with its skips gives, for each state, exactly the tokens whose bytes
+    keep the DFA alive (each token walked alone), and EOS where the text is a whole match."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(smollm2_dir)
+    tokens = TokenBytes(tokenizer, len(tokenizer))
+    guide = RegexGuide(pattern, tokens, frozenset({2}))
+    for text in texts:
+        state = guide.dfa.walk(guide.dfa.start, text.encode())
+        assert state != DEAD, text
+        brute = [t for t, b in enumerate(tokens.by_id)
+                 if b is not None and guide.dfa.walk(state, b) != DEAD]
+        expected = brute + ([2] if re.fullmatch(pattern, text) else [])
+        assert guide.allowed(state) == expected, text
+        assert brute
+
+
+def _masked_greedy_loop(model: torch.nn.Module, spelled: TokenBytes, prompt: tuple[int, ...],
+                        eos: int, max_tokens: int) -> tuple[int, ...]:
+    """Greedy tokens of transformers' logits, each token checked by hand against PREFIXES,
+    EOS where the text matches PATTERN."""
+    tokens, text = list(prompt), b""
+    for _ in range(max_tokens):
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens])).logits[0, -1]
+        for t in range(len(logits)):
+            b = spelled.by_id[t]
+            ok = (t == eos and re.fullmatch(PATTERN, text.decode()) is not None) or (
+                b is not None and re.fullmatch(PREFIXES.encode(), text + b) is not None)
+            if not ok:
+                logits[t] = float("-inf")
+        tokens.append(int(logits.argmax()))
+        if tokens[-1] == eos:
+            break
+        text += spelled.by_id[tokens[-1]] or b""
+    return tuple(tokens[len(prompt):])
+
+
+@pytest.fixture(scope="module")
+def guided(tiny_model_dir: Path) -> dict[str, Completion]:
+    return _run(tiny_model_dir, [SamplingParams(max_tokens=12, guided_regex=PATTERN)] * 5)
+
+
+def test_greedy_is_transformers_loop_masked_by_hand(
+        tiny_hf_model: torch.nn.Module, tiny_tokenizer: PreTrainedTokenizerFast,
+        guided: dict[str, Completion]) -> None:
+    spelled = TokenBytes(tiny_tokenizer, len(tiny_tokenizer))
+    eos = tiny_tokenizer.eos_token_id
+    for rid, c in guided.items():
+        assert c.token_ids == _masked_greedy_loop(tiny_hf_model, spelled, PROMPTS[int(rid)],
+                                                  eos, 12)
+        text = tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        if c.finish_reason == "stop":
+            assert re.fullmatch(PATTERN, text), text
+        else:  # cut by max_tokens: a prefix of a match
+            assert re.fullmatch(PREFIXES, text), text
+    assert any(c.finish_reason == "stop" for c in guided.values())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_with_drafts_the_same_tokens(tiny_model_dir: Path, tiny_random_drafter: Path,
+                                     tiny_tokenizer: PreTrainedTokenizerFast,
+                                     guided: dict[str, Completion], temperature: float) -> None:
+    """Random EAGLE drafts, and reference drafts that follow each row's match and then go on
+    with letters (which the mask forbids after the digits), give the tokens without drafts."""
+    params = [SamplingParams(max_tokens=12, guided_regex=PATTERN, temperature=temperature,
+                             seed=i) for i in range(4)] + [
+        SamplingParams(max_tokens=12, temperature=temperature, seed=4)]
+    alone = _run(tiny_model_dir, params)
+    letters = tuple(tiny_tokenizer("abcabc", add_special_tokens=False)["input_ids"])
+    reference = {r: c.token_ids[:-1] + letters for r, c in alone.items()}
+    for options in (dict(reference=reference), {}):
+        spec = _run(tiny_model_dir, params, drafter=str(tiny_random_drafter),
+                    num_speculative_tokens=3, **options)  # type: ignore[arg-type]
+        assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids
+                                                             for r, c in alone.items()}
+    if temperature == 0.0:
+        assert {r: alone[r].token_ids for r in "0123"} == {r: guided[r].token_ids
+                                                           for r in "0123"}
+
+
+def test_bad_patterns_are_refused_and_a_pattern_no_token_starts_fails_its_request(
+        tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"regex '\(a' at position 2: missing '\)'"):
+        SamplingParams(guided_regex="(a")
+    with pytest.raises(ValueError, match="guided_choice and guided_regex: give one of them"):
+        SamplingParams(guided_regex="a", guided_choice=("a",))
+    with pytest.raises(ValueError, match="guided regex ends a completion at EOS: not with "
+                                         "ignore_eos"):
+        SamplingParams(guided_regex="a", ignore_eos=True)
+    params = [SamplingParams(max_tokens=4, guided_regex="\u00e6+")] + [
+        SamplingParams(max_tokens=4, guided_regex="[ab]+")] * 4
+    got = _run(tiny_model_dir, params)
+    assert got["0"].finish_reason == "error"
+    assert got["0"].error == "guided regex '\u00e6+': no token of this vocabulary starts it"
+    assert {c.finish_reason for rid, c in got.items() if rid != "0"} <= {"stop", "length"}
