@@ -1,8 +1,9 @@
 """Guided decoding: a request's completion is one of a few strings (guided_choice) or matches a
 regular expression (guided_regex), then EOS, as vLLM's guided_choice and guided_regex.
 
-A guide reads the tokens generated so far as a state (None once they leave every completion it
-allows), and gives for a state the mask of the tokens that may come next: those whose bytes
+A guide has a start state and moves along one token at a time (None once the text leaves every
+completion it allows; a request keeps its state after its outputs, Sequence.guide_state), and
+gives for a state the mask of the tokens that may come next: those whose bytes
 (runtime.token_bytes) keep the text on a way to a whole completion, and the EOS ids where the
 text is one. So any spelling the tokenizer has is open to the model, and a completion that
 ends at EOS is exactly an allowed one. Each row a request verifies gets the mask of the state
@@ -34,7 +35,10 @@ from runtime.token_bytes import TokenBytes
 
 
 class Guide(Protocol):
-    def state(self, token_ids: Sequence[int]) -> Hashable | None: ...
+    @property
+    def start(self) -> Hashable: ...  # the state before any token
+
+    def advance(self, state: Hashable, token: int) -> Hashable | None: ...
 
     def mask(self, state: Hashable) -> Tensor: ...  # [vocab] bool: may come next
 
@@ -67,14 +71,15 @@ class ChoiceGuide(_Masks):
         super().__init__(tokens.vocab_size, eos_token_ids)
         self.choices = sorted({c.encode("utf-8", "surrogatepass") for c in choices})
         self.tokens = tokens
+        self.start = b""
 
-    def state(self, token_ids: Sequence[int]) -> bytes | None:
-        """The bytes of these tokens, or None where they leave every choice."""
-        spelled = [self.tokens.by_id[t] if 0 <= t < len(self.tokens.by_id) else None
-                   for t in token_ids]
-        if any(s is None for s in spelled):
+    def advance(self, state: Hashable, token: int) -> bytes | None:
+        """The text's bytes with the token's, or None where they leave every choice."""
+        assert isinstance(state, bytes)
+        spelled = self.tokens.by_id[token] if 0 <= token < self.vocab_size else None
+        if spelled is None:
             return None
-        text = b"".join(s for s in spelled if s is not None)
+        text = state + spelled
         return text if any(c.startswith(text) for c in self.choices) else None
 
     def allowed(self, state: Hashable) -> list[int]:
@@ -104,22 +109,13 @@ class RegexGuide(_Masks):
         self.dfa = RegexDFA(pattern)
         self.tokens = tokens
         self._sorted = sorted(tokens.ids)  # every byte string some token spells
-        self._states: dict[tuple[int, ...], int] = {}
+        self.start = self.dfa.start
 
-    def state(self, token_ids: Sequence[int]) -> int | None:
-        """The DFA's state after these tokens (from the one after all but the last, which the
-        step before asked for, where it is cached), or None once they leave the pattern."""
-        key = tuple(token_ids)
-        found = self._states.get(key)
-        if found is None:
-            before = self._states.get(key[:-1]) if key else self.dfa.start
-            found, todo = (before, key[-1:]) if before is not None else (self.dfa.start, key)
-            for token in todo:
-                spelled = self.tokens.by_id[token] if 0 <= token < self.vocab_size else None
-                found = DEAD if spelled is None else self.dfa.walk(found, spelled)
-            if len(self._states) > 100_000:  # one job's rows: a bound, not a working set
-                self._states.clear()
-            self._states[key] = found
+    def advance(self, state: Hashable, token: int) -> int | None:
+        """The DFA's state after the token's bytes, or None once they leave the pattern."""
+        assert isinstance(state, int)
+        spelled = self.tokens.by_id[token] if 0 <= token < self.vocab_size else None
+        found = DEAD if spelled is None else self.dfa.walk(state, spelled)
         return None if found == DEAD else found
 
     def allowed(self, state: Hashable) -> list[int]:
@@ -209,12 +205,27 @@ def apply_guides(logits: Tensor, seqs: Sequence[Seq], drafts: Sequence[Sequence[
     for seq, draft in zip(seqs, drafts, strict=True):
         if seq.params.guided:
             guide = guide_for(seq.params)
-            outputs = seq.output_token_ids
+            state = _after_outputs(seq, guide)
             for j in range(len(draft) + 1):
-                state = guide.state([*outputs, *draft[:j]])
                 if state is None:
                     break
                 mask = guide.mask(state).to(logits.device)
                 logits[row + j].masked_fill_(~mask[:logits.shape[1]], float("-inf"))
+                if j < len(draft):
+                    state = guide.advance(state, draft[j])
         row += len(draft) + 1
     return logits
+
+
+def _after_outputs(seq: Seq, guide: Guide) -> Hashable | None:
+    """The guide's state after the request's outputs, moved on from the one kept on it."""
+    done, state = seq.guide_state or (0, guide.start)
+    outputs = seq.output_token_ids
+    if done > len(outputs):  # (outputs only grow; were they ever cut, read them again)
+        done, state = 0, guide.start
+    for token in outputs[done:]:
+        if state is None:
+            break
+        state = guide.advance(state, token)
+    seq.guide_state = (len(outputs), state)
+    return state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from array import array
+from collections.abc import Hashable
 
 from runtime.config import SamplingParams
 from runtime.request import TopLogprobs
@@ -26,7 +27,7 @@ class Sequence:
                  "num_drafted", "num_accepted", "num_draft_steps",
                  "accepted_per_position", "num_preemptions", "ngram_index", "may_draft",
                  "output_logprobs", "output_top_logprobs", "prompt_logprobs",
-                 "prompt_tokens_seen")
+                 "prompt_tokens_seen", "guide_state")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival: int, num_speculative_tokens: int) -> None:
@@ -58,6 +59,8 @@ class Sequence:
         self.prompt_logprobs: list[float] = []
         # the prompt's distinct tokens (a set and an array), made by runtime.penalties
         self.prompt_tokens_seen: tuple[frozenset[int], array[int]] | None = None
+        # guided decoding (runtime.guided): (outputs read, the guide's state after them)
+        self.guide_state: tuple[int, Hashable | None] | None = None
 
     @property
     def needs_prompt_logprobs(self) -> bool:
