@@ -11,7 +11,15 @@ from typing import Any
 import click
 
 from jobs.generate_config import job_config
-from jobs.options import finite, logit_bias, memory_size, not_blank, stop_strings, token_ids
+from jobs.options import (
+    finite,
+    json_schema,
+    logit_bias,
+    memory_size,
+    not_blank,
+    stop_strings,
+    token_ids,
+)
 from pipeline.config import JobError
 from pipeline.interrupt import JobInterrupted, rerun_hint
 from runtime.config import (
@@ -222,6 +230,12 @@ def main() -> None:
                    "guided_regex; Python's syntax without backreferences, lookarounds or \\b; "
                    "\\d \\w \\s are ASCII): formats, IDs, simple JSON. A guided_regex column "
                    "(string) overrides it.")
+@click.option("--guided-json", default=None, metavar="SCHEMA", callback=json_schema,
+              help="Each completion is JSON that this JSON schema allows, written compactly, "
+                   "then EOS (vLLM's guided_json): the schema's text, or a .json file holding "
+                   "it. Objects keep the schema's property order; keywords a pattern cannot "
+                   "hold (minimum, multipleOf, ...) are refused. A guided_json column (string) "
+                   "overrides it.")
 @click.option("--ignore-eos", is_flag=True,
               help="Do not end a row at the model's EOS tokens: generate until --max-tokens, a "
                    "stop string or a stop token id (vLLM's ignore_eos: synthetic load, fixed "

@@ -66,6 +66,6 @@ def job_config(o: dict[str, Any]) -> JobConfig:
         repetition_penalty=o["repetition_penalty"], frequency_penalty=o["frequency_penalty"],
         presence_penalty=o["presence_penalty"], allowed_token_ids=o["allowed_token_ids"],
         logit_bias=o["logit_bias"], guided_choice=tuple(sorted(set(o["guided_choice"]))),
-        guided_regex=o["guided_regex"], logprobs=o["logprobs"],
+        guided_regex=o["guided_regex"], guided_json=o["guided_json"], logprobs=o["logprobs"],
         top_logprobs=o["top_logprobs"], prompt_logprobs=o["prompt_logprobs"], engine=engine,
         ray=ray)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import click
@@ -95,3 +96,23 @@ def logit_bias(ctx: click.Context, param: click.Parameter, value: str
             raise click.BadParameter(f"{value!r}: token {token} is given more than one bias")
         out[int(token)] = number
     return tuple(sorted(out.items()))
+
+
+def json_schema(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--guided-json: a schema's text, or the path of a file holding it (read here), as the
+    schema's JSON written compactly (the same schema resumes a job alike however spaced)."""
+    if value is None:
+        return None
+    text = value
+    if not value.lstrip().startswith("{") and os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {value}: {exc}") from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = "" if text is value else f" (read from {value})"
+        raise click.BadParameter(f"not a JSON schema{where}: {exc}") from None
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

@@ -53,7 +53,7 @@ def check_messages_template(messages_column: str | None, chat_template: bool) ->
 OPTIONAL_SAMPLING = ("min_tokens", "min_p", "repetition_penalty", "frequency_penalty",
                      "presence_penalty", "stop_token_ids", "ignore_eos",
                      "include_stop_str_in_output", "allowed_token_ids", "logit_bias",
-                     "guided_choice", "guided_regex")
+                     "guided_choice", "guided_regex", "guided_json")
 
 
 def job_default(name: str) -> Any:
@@ -95,6 +95,7 @@ class JobConfig:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
     guided_choice: tuple[str, ...] = ()  # the completion is one of these (then EOS)
     guided_regex: str | None = None  # the completion matches this whole (then EOS)
+    guided_json: str | None = None  # the completion is JSON this schema allows (then EOS)
     logprobs: bool = False  # a completion_logprobs column
     top_logprobs: int = 0  # a completion_top_logprobs column of this many tokens (0 = none)
     prompt_logprobs: bool = False  # a prompt_logprobs column
@@ -129,7 +130,7 @@ class JobConfig:
                               presence_penalty=self.presence_penalty,
                               allowed_token_ids=self.allowed_token_ids,
                               logit_bias=self.logit_bias, guided_choice=self.guided_choice,
-                              guided_regex=self.guided_regex,
+                              guided_regex=self.guided_regex, guided_json=self.guided_json,
                               logprobs=self.logprobs,
                               top_logprobs=self.top_logprobs,
                               prompt_logprobs=self.prompt_logprobs)

@@ -43,8 +43,9 @@ def shard_context(config: JobConfig, has_id_column: bool, engine: EngineLike) ->
             raise JobError(f"{option}: {outside[0]} is outside the vocabulary of "
                            f"{engine.model_name} (ids 0 to {engine.vocab_size - 1})")
     if (params := config.sampling_params()).guided and (why := engine.guided_problem(params)):
-        raise JobError(f"{'--guided-choice' if params.guided_choice else '--guided-regex'}: "
-                       f"{why}")
+        option = ("--guided-choice" if params.guided_choice else "--guided-regex"
+                  if params.guided_regex is not None else "--guided-json")
+        raise JobError(f"{option}: {why}")
     has_template = bool(getattr(engine.tokenizer, "chat_template", None))
     special = set(getattr(engine.tokenizer, "all_special_tokens", ()))
     if unseen := [s for s in config.stop if s in special]:

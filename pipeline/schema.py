@@ -60,7 +60,7 @@ OPTIONAL_FIELDS = (LOGPROBS_FIELD, TOP_LOGPROBS_FIELD, PROMPT_LOGPROBS_FIELD)
 OVERRIDE_COLUMNS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                     "stop", "stop_token_ids", "repetition_penalty", "frequency_penalty",
                     "presence_penalty", "allowed_token_ids", "logit_bias", "guided_choice",
-                    "guided_regex")
+                    "guided_regex", "guided_json")
 _NUMBER_COLUMNS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                    "presence_penalty")
 
@@ -138,7 +138,7 @@ def _override_type_ok(name: str, t: pa.DataType) -> bool:
         return bool(pa.types.is_integer(t))
     if name in _NUMBER_COLUMNS:
         return bool(pa.types.is_floating(t) or pa.types.is_integer(t))
-    if name == "guided_regex":
+    if name in ("guided_regex", "guided_json"):
         return is_string(t)
     if name == "logit_bias":  # map<integer, number>
         return bool(pa.types.is_map(t) and pa.types.is_integer(t.key_type)
@@ -153,7 +153,7 @@ _OVERRIDE_TYPE_NAMES = {"max_tokens": "an integer", "min_tokens": "an integer",
                         "top_k": "an integer", "seed": "an integer",
                         "stop": "list<string>", "stop_token_ids": "list<integer>",
                         "allowed_token_ids": "list<integer>", "guided_choice": "list<string>",
-                        "guided_regex": "a string",
+                        "guided_regex": "a string", "guided_json": "a string (a JSON schema)",
                         "logit_bias": "map<integer, number> (token id -> bias)",
                         **{name: "a number" for name in _NUMBER_COLUMNS}}
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
+from runtime.json_schema import schema_regex
 from runtime.regex_parse import parse
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -88,6 +90,9 @@ class SamplingParams:
     # runtime.guided: the completion matches this pattern whole, then EOS (vLLM's guided_regex;
     # runtime.regex_dfa's syntax)
     guided_regex: str | None = None
+    # runtime.guided: the completion is JSON that a JSON schema (this text) allows, then EOS
+    # (vLLM's guided_json; runtime.json_schema reads it)
+    guided_json: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -108,7 +113,7 @@ class SamplingParams:
         if any(t < 0 for t in self.allowed_token_ids):
             raise ValueError(f"allowed token ids must be >= 0, got {min(self.allowed_token_ids)}")
         self._check_logit_bias()
-        self._check_guided_choice()
+        self._check_guided()
         if not all(self.stop):
             raise ValueError("stop strings must not be empty (one would end every completion "
                              "at its first token)")
@@ -137,18 +142,19 @@ class SamplingParams:
                 raise ValueError(f"logit_bias of token {t} must be in [-{MAX_LOGIT_BIAS:g}, "
                                  f"{MAX_LOGIT_BIAS:g}], got {bias}")
 
-    def _check_guided_choice(self) -> None:
-        if not self.guided:
+    def _check_guided(self) -> None:
+        given = [name for name in ("guided_choice", "guided_regex", "guided_json")
+                 if getattr(self, name) not in ((), None)]
+        if not given:
             return
-        if self.guided_choice and self.guided_regex is not None:
-            raise ValueError("guided_choice and guided_regex: give one of them")
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: give one of them")
         if not all(self.guided_choice):
             raise ValueError("guided choices must not be empty strings")
-        if self.guided_regex == "":
-            raise ValueError("a guided regex must not be empty")
-        if self.guided_regex is not None:
-            parse(self.guided_regex)  # a RegexError (ValueError) names where it cannot be read
-        what = "guided choice" if self.guided_choice else "guided regex"
+        if self.guided_regex == "" or self.guided_json == "":
+            raise ValueError(f"a {given[0].replace('_', ' ')} must not be empty")
+        guided_pattern(self)  # a ValueError names where the pattern or schema cannot be read
+        what = given[0].replace("_", " ")
         # a completion that is a whole choice (a whole match) may have to go on to EOS
         if self.ignore_eos:
             raise ValueError(f"{what} ends a completion at EOS: not with ignore_eos")
@@ -157,8 +163,9 @@ class SamplingParams:
 
     @property
     def guided(self) -> bool:
-        """guided_choice or guided_regex (runtime.guided) constrain the completion."""
-        return bool(self.guided_choice) or self.guided_regex is not None
+        """guided_choice, guided_regex or guided_json (runtime.guided) constrain it."""
+        return (bool(self.guided_choice) or self.guided_regex is not None
+                or self.guided_json is not None)
 
     @property
     def greedy(self) -> bool:
@@ -284,3 +291,17 @@ class EngineConfig:
         if self.draft_ngram:
             return max(self.num_speculative_tokens, self.draft_ngram_tokens)
         return self.num_speculative_tokens
+
+
+@lru_cache(maxsize=256)  # rows share a job's pattern: read it once
+def _pattern(regex: str | None, schema: str | None) -> str | None:
+    pattern = schema_regex(schema) if schema is not None else regex
+    if pattern is not None:
+        parse(pattern)
+    return pattern
+
+
+def guided_pattern(params: SamplingParams) -> str | None:
+    """The pattern a guided_regex or guided_json request's completion must match (read and
+    checked: a ValueError says where it cannot be), or None."""
+    return _pattern(params.guided_regex, params.guided_json)

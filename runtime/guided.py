@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from runtime.config import SamplingParams
+from runtime.config import SamplingParams, guided_pattern
 from runtime.regex_dfa import DEAD, RegexDFA
 from runtime.sequence import Sequence as Seq
 from runtime.token_bytes import TokenBytes
@@ -173,7 +173,8 @@ class Guides:
         self._guides: dict[tuple[str, ...] | str, ChoiceGuide | RegexGuide] = {}
 
     def for_params(self, params: SamplingParams) -> ChoiceGuide | RegexGuide:
-        key = params.guided_choice or params.guided_regex
+        pattern = guided_pattern(params)
+        key = params.guided_choice or pattern
         assert key, "not a guided request"
         guide = self._guides.get(key)
         if guide is None:
@@ -181,7 +182,7 @@ class Guides:
                 self._tokens = TokenBytes(self._tokenizer, self._vocab_size)
             guide = (ChoiceGuide(params.guided_choice, self._tokens, self._eos)
                      if params.guided_choice
-                     else RegexGuide(params.guided_regex or "", self._tokens, self._eos))
+                     else RegexGuide(pattern or "", self._tokens, self._eos))
             self._guides[key] = guide
         return guide
 

@@ -29,6 +29,8 @@ def sampling_line(sampling: Any) -> str:
             parts.append("logit_bias " + ",".join(f"{t}:{b:g}" for t, b in bias))
         except (TypeError, ValueError):  # not as a job writes it
             parts.append(f"logit_bias {bias}")
+    if sampling.get("guided_json") is not None:
+        parts.append(f"guided_json {sampling['guided_json']}")
     if sampling.get("guided_regex") is not None:
         parts.append(f"guided_regex {sampling['guided_regex']!r}")
     if choices := sampling.get("guided_choice"):

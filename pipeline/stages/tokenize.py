@@ -137,6 +137,10 @@ def _tokenize(texts: Sequence[str | _RowError], tokenizer: Any,
     return [next(encoded) if isinstance(t, str) else None for t in texts]
 
 
+# the guided decoding options, and each one's "none"
+_GUIDED: dict[str, Any] = {"guided_choice": (), "guided_regex": None, "guided_json": None}
+
+
 def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
              options: TokenizeOptions) -> PreparedRow:
     limit = options.max_model_len
@@ -155,13 +159,12 @@ def _prepare(ids: tuple[int, ...], overrides: dict[str, Any],
     if "guided_choice" in changes:  # sorted, once each, as the option; null entries are none
         changes["guided_choice"] = tuple(sorted({c for c in changes["guided_choice"]
                                                  if c is not None}))
-    if "guided_regex" in changes and not changes["guided_regex"]:  # "": none for this row
-        changes["guided_regex"] = None
-    # a row's guidance replaces the job's, of either kind
-    if "guided_choice" in changes and "guided_regex" not in changes:
-        changes["guided_regex"] = None
-    if "guided_regex" in changes and "guided_choice" not in changes:
-        changes["guided_choice"] = ()
+    given = [name for name in _GUIDED if name in changes]
+    for name in ("guided_regex", "guided_json"):
+        if name in changes and not changes[name]:  # "": none for this row
+            changes[name] = None
+    if given:  # a row's guidance replaces the job's, of any kind
+        changes = {**{name: _GUIDED[name] for name in _GUIDED}, **changes}
     if "logit_bias" in changes:  # a map's (id, bias) pairs; a null bias is none
         changes["logit_bias"] = tuple(sorted((t, float(b)) for t, b in changes["logit_bias"]
                                              if b is not None))
