@@ -149,6 +149,8 @@ class SamplingParams:
             return
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)}: give one of them")
+        if self.allowed_token_ids:  # the two masks could leave no token at all
+            raise ValueError(f"{given[0]} and allowed_token_ids: give one of them")
         if not all(self.guided_choice):
             raise ValueError("guided choices must not be empty strings")
         if self.guided_regex == "" or self.guided_json == "":

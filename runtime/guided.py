@@ -13,22 +13,23 @@ rejected there).
 - ChoiceGuide: the state is the text's bytes; the next tokens are looked up by the bytes
   each choice has left (no walk over the vocabulary).
 - RegexGuide: the state is a state of the pattern's DFA (runtime.regex_dfa); a state's mask
-  walks the vocabulary's byte strings in sorted order, sharing the DFA steps of common
-  prefixes and skipping every token that starts with a prefix that has died. Masks are cached
-  by state (a pattern's completions pass through the same few states).
+  walks all the vocabulary's byte strings at once, a byte position at a time, through the
+  DFA's transition array (RegexDFA.walk_many). Masks are cached by state (a pattern's
+  completions pass through the same states; a count such as [^"]{0,300} has one per count).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import cached_property
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from runtime.config import SamplingParams, guided_pattern
+from runtime.cpu_kernels import argmax_rows
 from runtime.regex_dfa import DEAD, RegexDFA
 from runtime.sequence import Sequence as Seq
 from runtime.token_bytes import TokenBytes
@@ -40,6 +41,8 @@ class Guide(Protocol):
 
     def advance(self, state: Hashable, token: int) -> Hashable | None: ...
 
+    def allows(self, state: Hashable, token: int) -> bool: ...  # may come next
+
     def mask(self, state: Hashable) -> Tensor: ...  # [vocab] bool: may come next
 
 
@@ -49,6 +52,7 @@ class _Masks:
     def __init__(self, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
         self.vocab_size = vocab_size
         self.eos = sorted(eos_token_ids)
+        self.eos_set = eos_token_ids
         self._masks: dict[Hashable, Tensor] = {}
 
     def mask(self, state: Hashable) -> Tensor:
@@ -61,6 +65,19 @@ class _Masks:
 
     def allowed(self, state: Hashable) -> list[int]:
         raise NotImplementedError
+
+    def advance(self, state: Hashable, token: int) -> Hashable | None:
+        raise NotImplementedError
+
+    def complete(self, state: Hashable) -> bool:
+        """The text is a whole completion: EOS may come."""
+        raise NotImplementedError
+
+    def allows(self, state: Hashable, token: int) -> bool:
+        """`token` may come after `state` (its mask's entry, without building the mask)."""
+        if token in self.eos_set:
+            return self.complete(state)
+        return self.advance(state, token) is not None
 
 
 class ChoiceGuide(_Masks):
@@ -81,6 +98,9 @@ class ChoiceGuide(_Masks):
             return None
         text = state + spelled
         return text if any(c.startswith(text) for c in self.choices) else None
+
+    def complete(self, state: Hashable) -> bool:
+        return state in self.choices
 
     def allowed(self, state: Hashable) -> list[int]:
         assert isinstance(state, bytes)
@@ -108,8 +128,23 @@ class RegexGuide(_Masks):
         super().__init__(tokens.vocab_size, eos_token_ids)
         self.dfa = RegexDFA(pattern)
         self.tokens = tokens
-        self._sorted = sorted(tokens.ids)  # every byte string some token spells
         self.start = self.dfa.start
+
+    def mask(self, state: Hashable) -> Tensor:
+        """The tokens whose bytes keep the DFA alive from `state` (all byte strings walked at
+        once, RegexDFA.walk_many), and EOS where `state` is a whole match; cached."""
+        found = self._masks.get(state)
+        if found is None:
+            assert isinstance(state, int)
+            tokens = self.tokens
+            alive = self.dfa.walk_many(state, tokens.matrix, tokens.lengths)
+            spelled = tokens.row_of >= 0
+            allowed = np.zeros(self.vocab_size, dtype=bool)
+            allowed[spelled] = alive[tokens.row_of[spelled]]
+            if self.dfa.accepting(state):
+                allowed[self.eos] = True
+            found = self._masks[state] = torch.from_numpy(allowed)
+        return found
 
     def advance(self, state: Hashable, token: int) -> int | None:
         """The DFA's state after the token's bytes, or None once they leave the pattern."""
@@ -118,49 +153,18 @@ class RegexGuide(_Masks):
         found = DEAD if spelled is None else self.dfa.walk(state, spelled)
         return None if found == DEAD else found
 
-    def allowed(self, state: Hashable) -> list[int]:
+    def complete(self, state: Hashable) -> bool:
         assert isinstance(state, int)
-        ids: list[int] = []
-        strings, step = self._sorted, self.dfa.step
-        path = [state]  # the DFA's state after each byte of `previous`
-        previous = b""
-        i = 0
-        while i < len(strings):
-            text = strings[i]
-            common = 0
-            limit = min(len(previous), len(text), len(path) - 1)
-            while common < limit and previous[common] == text[common]:
-                common += 1
-            del path[common + 1:]
-            at = path[-1]
-            for k in range(common, len(text)):
-                at = step(at, text[k])
-                if at == DEAD:  # every string with this prefix dies too
-                    previous = text[:k]
-                    i = bisect.bisect_left(strings, _after_prefix(text[:k + 1]), i + 1)
-                    break
-                path.append(at)
-            else:
-                ids += self.tokens.ids[text]
-                previous = text
-                i += 1
-        ids.sort()
-        return ids + (self.eos if self.dfa.accepting(state) else [])
+        return self.dfa.accepting(state)
+
+    def allowed(self, state: Hashable) -> list[int]:
+        return torch.nonzero(self.mask(state)).flatten().tolist()
 
     @cached_property
     def problem(self) -> str | None:
         if not self.allowed(self.dfa.start):
             return f"guided regex {self.dfa.pattern!r}: no token of this vocabulary starts it"
         return None
-
-
-def _after_prefix(prefix: bytes) -> bytes:
-    """The least byte string above every string that starts with `prefix` (b"\\xff" * n:
-    none, so the end of the list)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return b"\xff" * (len(prefix) + 64)
-    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 class Guides:
@@ -196,12 +200,13 @@ class Guides:
             return str(exc)
 
 
-def apply_guides(logits: Tensor, seqs: Sequence[Seq], drafts: Sequence[Sequence[int]],
-                 guide_for: Callable[[SamplingParams], Guide]) -> Tensor:
-    """-inf in place for every token a guided request may not take next, at each of its rows:
-    row j after its outputs and drafts 0 .. j-1 (rows laid out as runtime.penalties.penalize
-    has them). Past a draft that leaves the guide, rows are left as they are: verification
-    rejects that draft, and those rows' tokens are thrown away."""
+def _guided_rows(seqs: Sequence[Seq], drafts: Sequence[Sequence[int]],
+                 guide_for: Callable[[SamplingParams], Guide]
+                 ) -> Iterator[tuple[int, Guide, Hashable]]:
+    """(row, guide, state) for each row of a guided request: row j after its outputs and drafts
+    0 .. j-1 (rows laid out as runtime.penalties.penalize has them). Rows past a draft that
+    leaves the guide are not given: verification rejects that draft, and their tokens are
+    thrown away."""
     row = 0
     for seq, draft in zip(seqs, drafts, strict=True):
         if seq.params.guided:
@@ -210,11 +215,32 @@ def apply_guides(logits: Tensor, seqs: Sequence[Seq], drafts: Sequence[Sequence[
             for j in range(len(draft) + 1):
                 if state is None:
                     break
-                mask = guide.mask(state).to(logits.device)
-                logits[row + j].masked_fill_(~mask[:logits.shape[1]], float("-inf"))
+                yield row + j, guide, state
                 if j < len(draft):
                     state = guide.advance(state, draft[j])
         row += len(draft) + 1
+
+
+def guides_allow(best: list[int], seqs: Sequence[Seq], drafts: Sequence[Sequence[int]],
+                 guide_for: Callable[[SamplingParams], Guide]) -> bool:
+    """Whether every guided row's argmax (best, by row) is a token its guide allows there: then
+    masking would leave the argmax as it is, and greedy decoding needs no mask."""
+    return all(guide.allows(state, best[row])
+               for row, guide, state in _guided_rows(seqs, drafts, guide_for))
+
+
+def apply_guides(logits: Tensor, seqs: Sequence[Seq], drafts: Sequence[Sequence[int]],
+                 guide_for: Callable[[SamplingParams], Guide], greedy: bool = False) -> Tensor:
+    """-inf in place for every token a guided request may not take next, at each of its rows.
+    greedy (every row takes its argmax): a row whose argmax its guide allows is left as it is,
+    as masking would not change its argmax (ties included: argmax takes the first)."""
+    rows = list(_guided_rows(seqs, drafts, guide_for))
+    best = argmax_rows(logits).tolist() if greedy and rows else None
+    for row, guide, state in rows:
+        if best is not None and guide.allows(state, best[row]):
+            continue
+        mask = guide.mask(state).to(logits.device)
+        logits[row].masked_fill_(~mask[:logits.shape[1]], float("-inf"))
     return logits
 
 

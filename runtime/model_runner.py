@@ -12,7 +12,7 @@ from runtime.config import SamplingParams
 from runtime.cpu_kernels import argmax_rows
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.greedy_head import ExactGreedyHead
-from runtime.guided import Guide, apply_guides
+from runtime.guided import Guide, apply_guides, guides_allow
 from runtime.inputs import PromptRows, SampleRow, StepInputs, prepare_inputs
 from runtime.model import CausalLM
 from runtime.penalties import hold_eos, penalize
@@ -142,23 +142,26 @@ class ModelRunner:
                    and (self.eos_token_ids or s.params.stop_token_ids) for s in seqs)
         changed = biased or guided or penalized or held
         want_logprobs = any(s.params.wants_logprobs for s in seqs)
-        if all(s.params.greedy for s in seqs) and not (changed or want_logprobs):
+        all_greedy = all(s.params.greedy for s in seqs)
+        verified = [r.draft_token_ids for r in rows]
+        if all_greedy and not (biased or penalized or held or want_logprobs):
             best = (self.exact_head.argmax(selected) if self.exact_head is not None
                     else argmax_rows(self.model.compute_logits(selected)))
-            argmax = best.index_select(0, padded_index).view(len(rows), width + 1)
-            return _emitted(greedy_verify(drafts, num_drafts, argmax)), [None] * len(rows)
+            # a guided row whose argmax its guide allows has that token after masking too
+            if not guided or guides_allow(best.tolist(), seqs, verified, self.guide_for):
+                argmax = best.index_select(0, padded_index).view(len(rows), width + 1)
+                return _emitted(greedy_verify(drafts, num_drafts, argmax)), [None] * len(rows)
         logits = self.model.compute_logits(selected).float()
         raw = logits.clone() if changed and want_logprobs else logits
-        verified = [r.draft_token_ids for r in rows]
-        if guided:  # in vLLM's order: the structured output's mask, allowed ids, min_tokens,
-            apply_guides(logits, seqs, verified, self.guide_for)  # logit_bias, penalties
-        if biased:
+        if biased:  # vLLM's order: allowed ids, min_tokens, logit_bias, then penalties
             apply_token_bias(logits, seqs, [len(r.logits_rows) for r in rows])
         if held:
             hold_eos(logits, seqs, verified, self.eos_token_ids)
         if penalized:
             penalize(logits, seqs, verified)
-        if all(s.params.greedy for s in seqs):
+        if guided:  # last: -inf commutes with each of those; greedy rows masked only if needed
+            apply_guides(logits, seqs, verified, self.guide_for, all_greedy)
+        if all_greedy:
             argmax = argmax_rows(logits).index_select(0, padded_index).view(len(rows), width + 1)
             tokens = _emitted(greedy_verify(drafts, num_drafts, argmax))
         else:

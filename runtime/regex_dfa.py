@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from runtime.regex_parse import parse, utf8_sequences
 
 DEAD = -1
+_UNKNOWN = -2  # a transition not built yet
 
 
 @dataclass
@@ -88,6 +91,8 @@ class RegexDFA:
         self._sets: list[frozenset[int]] = []
         self._ids: dict[frozenset[int], int] = {}
         self._next: list[dict[int, int]] = []
+        # the transitions built so far as an array too, for walk_many
+        self._table = np.full((16, 256), _UNKNOWN, dtype=np.int32)
         self.start = self._state(self._closure({start}))
 
     def _can_reach_end(self) -> frozenset[int]:
@@ -123,6 +128,9 @@ class RegexDFA:
             found = self._ids[states] = len(self._sets)
             self._sets.append(states)
             self._next.append({})
+            if found >= len(self._table):
+                self._table = np.concatenate([self._table, np.full_like(self._table,
+                                                                        _UNKNOWN)])
         return found
 
     def step(self, state: int, byte: int) -> int:
@@ -134,6 +142,7 @@ class RegexDFA:
             targets = {to for q in self._sets[state] for lo, hi, to in self._nfa.edges[q]
                        if lo <= byte <= hi}
             found = table[byte] = self._state(self._closure(targets))
+            self._table[state, byte] = found
         return found
 
     def walk(self, state: int, data: bytes) -> int:
@@ -142,6 +151,27 @@ class RegexDFA:
             if state == DEAD:
                 break
         return state
+
+    def walk_many(self, state: int, data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """For each row of `data` ([n, width] uint8, row i's first lengths[i] bytes), whether
+        the DFA is still alive after walking them from `state`: all rows a byte position at a
+        time, transitions looked up in an array (those not built yet are built first)."""
+        cur = np.full(len(data), state, dtype=np.int32)
+        alive = np.ones(len(data), dtype=bool)
+        for k in range(data.shape[1]):
+            rows = np.flatnonzero(alive & (lengths > k))
+            if not rows.size:
+                break
+            states, column = cur[rows], data[rows, k]
+            found = self._table[states, column]
+            if (unknown := found == _UNKNOWN).any():
+                for s, b in set(zip(states[unknown].tolist(), column[unknown].tolist(),
+                                    strict=True)):
+                    self.step(s, b)
+                found = self._table[states, column]
+            cur[rows] = found
+            alive[rows] = found != DEAD
+        return alive
 
     def accepting(self, state: int) -> bool:
         return state != DEAD and self._accept in self._sets[state]

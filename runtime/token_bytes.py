@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+import numpy as np
+
 _SENTENCEPIECE_SPACE = "\u2581"
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -28,6 +30,16 @@ class TokenBytes:
                 ids.setdefault(spelled, []).append(token)
         self.ids = ids
         self.longest = max(map(len, ids), default=0)
+        # the distinct byte strings as rows of a zero-padded array, and each token's row (-1:
+        # none), for walks over the whole vocabulary at once (RegexDFA.walk_many)
+        self.strings = list(ids)
+        self.lengths = np.array([len(s) for s in self.strings], dtype=np.int64)
+        self.matrix = np.zeros((len(self.strings), self.longest), dtype=np.uint8)
+        for i, s in enumerate(self.strings):
+            self.matrix[i, :len(s)] = np.frombuffer(s, dtype=np.uint8)
+        self.row_of = np.full(vocab_size, -1, dtype=np.int64)
+        for i, s in enumerate(self.strings):
+            self.row_of[ids[s]] = i
 
     def spells(self, text: bytes) -> bool:
         """Whether some sequence of tokens spells exactly `text`."""

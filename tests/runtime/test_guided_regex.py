@@ -61,17 +61,25 @@ def test_a_states_mask_is_the_brute_force_one(smollm2_dir: Path, pattern: str,
 
 
 def _masked_greedy_loop(model: torch.nn.Module, spelled: TokenBytes, prompt: tuple[int, ...],
-                        eos: int, max_tokens: int) -> tuple[int, ...]:
-    """Greedy tokens of transformers' logits, each token checked by hand against PREFIXES,
-    EOS where the text matches PATTERN."""
+                        eos: int, max_tokens: int, bias: tuple[tuple[int, float], ...] = (),
+                        penalty: float = 1.0, pattern: str = PATTERN, prefixes: str = PREFIXES
+                        ) -> tuple[int, ...]:
+    """Greedy tokens of transformers' logits (with a bias, then a repetition penalty, added by
+    hand), each token checked by hand against `prefixes`, EOS where the text matches
+    `pattern`."""
     tokens, text = list(prompt), b""
     for _ in range(max_tokens):
         with torch.no_grad():
             logits = model(torch.tensor([tokens])).logits[0, -1]
+        for t, b in bias:
+            logits[t] += b
+        seen = sorted(set(tokens))
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
         for t in range(len(logits)):
             b = spelled.by_id[t]
-            ok = (t == eos and re.fullmatch(PATTERN, text.decode()) is not None) or (
-                b is not None and re.fullmatch(PREFIXES.encode(), text + b) is not None)
+            ok = (t == eos and re.fullmatch(pattern, text.decode()) is not None) or (
+                b is not None and re.fullmatch(prefixes.encode(), text + b) is not None)
             if not ok:
                 logits[t] = float("-inf")
         tokens.append(int(logits.argmax()))
@@ -100,6 +108,29 @@ def test_greedy_is_transformers_loop_masked_by_hand(
         else:  # cut by max_tokens: a prefix of a match
             assert re.fullmatch(PREFIXES, text), text
     assert any(c.finish_reason == "stop" for c in guided.values())
+
+
+def test_with_a_bias_and_a_penalty_the_mask_comes_last(
+        tiny_model_dir: Path, tiny_hf_model: torch.nn.Module,
+        tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    """A pattern that only forbids the letter s, a bias towards the tokens that hold one and a
+    repetition penalty: the greedy tokens of transformers' logits so changed, then masked. The
+    raw argmax is mostly allowed and the biased one mostly not, so a mask that looked at the
+    argmax before the bias would let an s through."""
+    pattern, prefixes = "[^s]{1,8}", "[^s]{0,8}"
+    spelled = TokenBytes(tiny_tokenizer, len(tiny_tokenizer))
+    with_s = [t for t, b in enumerate(spelled.by_id) if b and b"s" in b]
+    bias = tuple((t, 8.0) for t in with_s)
+    params = [SamplingParams(max_tokens=12, guided_regex=pattern, logit_bias=bias,
+                             repetition_penalty=1.5)] * 5
+    got = _run(tiny_model_dir, params)
+    for rid, c in got.items():
+        assert c.token_ids == _masked_greedy_loop(
+            tiny_hf_model, spelled, PROMPTS[int(rid)], tiny_tokenizer.eos_token_id, 12, bias,
+            1.5, pattern, prefixes)
+        assert "s" not in tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    unguided = _run(tiny_model_dir, [SamplingParams(max_tokens=12, logit_bias=bias)] * 5)
+    assert all("s" in tiny_tokenizer.decode(c.token_ids) for c in unguided.values())
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
