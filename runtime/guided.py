@@ -20,6 +20,7 @@ rejected there).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import cached_property
 from typing import Any, Protocol
@@ -33,6 +34,9 @@ from runtime.cpu_kernels import argmax_rows
 from runtime.regex_dfa import DEAD, RegexDFA
 from runtime.sequence import Sequence as Seq
 from runtime.token_bytes import TokenBytes
+
+MAX_MASKS = 512  # a guide's masks kept (25 MB for the default model's vocabulary)
+MAX_GUIDES = 64  # guides kept, with their masks and automata
 
 
 class Guide(Protocol):
@@ -53,14 +57,23 @@ class _Masks:
         self.vocab_size = vocab_size
         self.eos = sorted(eos_token_ids)
         self.eos_set = eos_token_ids
-        self._masks: dict[Hashable, Tensor] = {}
+        # a vocabulary's worth of bools each (49 KB for the default model): the most recent
+        self._masks: OrderedDict[Hashable, Tensor] = OrderedDict()
 
     def mask(self, state: Hashable) -> Tensor:
         found = self._masks.get(state)
         if found is None:
-            found = torch.zeros(self.vocab_size, dtype=torch.bool)
-            found[self.allowed(state)] = True
+            found = self._build_mask(state)
             self._masks[state] = found
+            if len(self._masks) > MAX_MASKS:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(state)
+        return found
+
+    def _build_mask(self, state: Hashable) -> Tensor:
+        found = torch.zeros(self.vocab_size, dtype=torch.bool)
+        found[self.allowed(state)] = True
         return found
 
     def allowed(self, state: Hashable) -> list[int]:
@@ -130,21 +143,18 @@ class RegexGuide(_Masks):
         self.tokens = tokens
         self.start = self.dfa.start
 
-    def mask(self, state: Hashable) -> Tensor:
+    def _build_mask(self, state: Hashable) -> Tensor:
         """The tokens whose bytes keep the DFA alive from `state` (all byte strings walked at
-        once, RegexDFA.walk_many), and EOS where `state` is a whole match; cached."""
-        found = self._masks.get(state)
-        if found is None:
-            assert isinstance(state, int)
-            tokens = self.tokens
-            alive = self.dfa.walk_many(state, tokens.matrix, tokens.lengths)
-            spelled = tokens.row_of >= 0
-            allowed = np.zeros(self.vocab_size, dtype=bool)
-            allowed[spelled] = alive[tokens.row_of[spelled]]
-            if self.dfa.accepting(state):
-                allowed[self.eos] = True
-            found = self._masks[state] = torch.from_numpy(allowed)
-        return found
+        once, RegexDFA.walk_many), and EOS where `state` is a whole match."""
+        assert isinstance(state, int)
+        tokens = self.tokens
+        alive = self.dfa.walk_many(state, tokens.matrix, tokens.lengths)
+        spelled = tokens.row_of >= 0
+        allowed = np.zeros(self.vocab_size, dtype=bool)
+        allowed[spelled] = alive[tokens.row_of[spelled]]
+        if self.dfa.accepting(state):
+            allowed[self.eos] = True
+        return torch.from_numpy(allowed)
 
     def advance(self, state: Hashable, token: int) -> int | None:
         """The DFA's state after the token's bytes, or None once they leave the pattern."""
@@ -174,7 +184,9 @@ class Guides:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
         self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, eos_token_ids
         self._tokens: TokenBytes | None = None
-        self._guides: dict[tuple[str, ...] | str, ChoiceGuide | RegexGuide] = {}
+        # the most recently used (per-row patterns may each be another)
+        self._guides: OrderedDict[tuple[str, ...] | str, ChoiceGuide | RegexGuide] = \
+            OrderedDict()
 
     def for_params(self, params: SamplingParams) -> ChoiceGuide | RegexGuide:
         pattern = guided_pattern(params)
@@ -188,6 +200,10 @@ class Guides:
                      if params.guided_choice
                      else RegexGuide(pattern or "", self._tokens, self._eos))
             self._guides[key] = guide
+            if len(self._guides) > MAX_GUIDES:
+                self._guides.popitem(last=False)
+        else:
+            self._guides.move_to_end(key)
         return guide
 
     def problem(self, params: SamplingParams) -> str | None:
@@ -210,8 +226,7 @@ def _guided_rows(seqs: Sequence[Seq], drafts: Sequence[Sequence[int]],
     row = 0
     for seq, draft in zip(seqs, drafts, strict=True):
         if seq.params.guided:
-            guide = guide_for(seq.params)
-            state = _after_outputs(seq, guide)
+            guide, state = _guide_and_state(seq, guide_for)
             for j in range(len(draft) + 1):
                 if state is None:
                     break
@@ -244,15 +259,18 @@ def apply_guides(logits: Tensor, seqs: Sequence[Seq], drafts: Sequence[Sequence[
     return logits
 
 
-def _after_outputs(seq: Seq, guide: Guide) -> Hashable | None:
-    """The guide's state after the request's outputs, moved on from the one kept on it."""
-    done, state = seq.guide_state or (0, guide.start)
+def _guide_and_state(seq: Seq, guide_for: Callable[[SamplingParams], Guide]
+                     ) -> tuple[Guide, Hashable | None]:
+    """The request's guide and its state after the request's outputs, moved on from the ones
+    kept on it (a request keeps its guide: a state means something to its own guide only,
+    and Guides may have let go of it and built another)."""
+    guide, done, state = seq.guide_state or (guide_for(seq.params), 0, None)
     outputs = seq.output_token_ids
-    if done > len(outputs):  # (outputs only grow; were they ever cut, read them again)
+    if done == 0 or done > len(outputs):  # (outputs only grow; were they cut, read them again)
         done, state = 0, guide.start
     for token in outputs[done:]:
         if state is None:
             break
         state = guide.advance(state, token)
-    seq.guide_state = (len(outputs), state)
-    return state
+    seq.guide_state = (guide, len(outputs), state)
+    return guide, state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from array import array
 from collections.abc import Hashable
+from typing import Any
 
 from runtime.config import SamplingParams
 from runtime.request import TopLogprobs
@@ -59,8 +60,8 @@ class Sequence:
         self.prompt_logprobs: list[float] = []
         # the prompt's distinct tokens (a set and an array), made by runtime.penalties
         self.prompt_tokens_seen: tuple[frozenset[int], array[int]] | None = None
-        # guided decoding (runtime.guided): (outputs read, the guide's state after them)
-        self.guide_state: tuple[int, Hashable | None] | None = None
+        # guided decoding (runtime.guided): (its guide, outputs read, the state after them)
+        self.guide_state: tuple[Any, int, Hashable | None] | None = None
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -170,3 +170,25 @@ def test_bad_patterns_are_refused_and_a_pattern_no_token_starts_fails_its_reques
     assert got["0"].finish_reason == "error"
     assert got["0"].error == "guided regex '\u00e6+': no token of this vocabulary starts it"
     assert {c.finish_reason for rid, c in got.items() if rid != "0"} <= {"stop", "length"}
+
+
+def test_guides_and_masks_let_go_of_give_the_same_tokens(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows with patterns of their own, while the engine keeps one guide and one mask at a
+    time: each request keeps its own guide (a DFA's state means nothing to another built for
+    the same pattern), so the tokens are those of an engine that keeps them all."""
+    patterns = [PATTERN, r"[a-e]{2}[0-9]+", r"[0-9]{3}", PATTERN, r"(ab|cd)+9"]
+    params = [SamplingParams(max_tokens=12, guided_regex=p) for p in patterns]
+    kept = _run(tiny_model_dir, params)
+    monkeypatch.setattr("runtime.guided.MAX_GUIDES", 1)
+    monkeypatch.setattr("runtime.guided.MAX_MASKS", 1)
+    assert {r: c.token_ids for r, c in _run(tiny_model_dir, params).items()} == {
+        r: c.token_ids for r, c in kept.items()}
+    for rid, c in kept.items():
+        assert c.finish_reason == "length" or re.fullmatch(patterns[int(rid)], "".join(
+            chr(b) for t in c.token_ids[:-1] for b in _spelled(tiny_model_dir)[t] or b""))
+
+
+def _spelled(model: Path) -> list[bytes | None]:
+    engine_tokenizer = PreTrainedTokenizerFast.from_pretrained(model)
+    return TokenBytes(engine_tokenizer, len(engine_tokenizer)).by_id
