@@ -104,7 +104,10 @@ def json_schema(ctx: click.Context, param: click.Parameter, value: str | None) -
     if value is None:
         return None
     text = value
-    if not value.lstrip().startswith("{") and os.path.isfile(value):
+    if not value.lstrip().startswith("{"):  # a file's path
+        if not os.path.isfile(value):
+            raise click.BadParameter(f"{value!r} is neither a JSON schema's text (an object, "
+                                     "'{...}') nor a file")
         try:
             with open(value, encoding="utf-8") as f:
                 text = f.read()

@@ -20,13 +20,16 @@ import json
 import re
 from typing import Any
 
+from runtime.regex_parse import MAX_REPEAT, RegexError, parse
+
 WS = "[ ]?"
 _STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 _INTEGER = r"-?(?:0|[1-9][0-9]*)"
 _NUMBER = _INTEGER + r"(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 _FORMATS = {
     "date": r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])",
-    "time": r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})?",
+    # RFC 3339's full-time: the offset is part of it
+    "time": r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})",
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
 }
 _FORMATS["date-time"] = _FORMATS["date"] + "T" + _FORMATS["time"]
@@ -115,7 +118,7 @@ class _Compiler:
 
     def string(self, schema: dict, where: str) -> str:
         if "pattern" in schema:
-            return f'"(?:{schema["pattern"]})"'
+            return f'"(?:{_string_pattern(schema["pattern"], where)})"'
         if "format" in schema:
             if schema["format"] not in _FORMATS:
                 raise SchemaError(f"guided JSON schema at {where}: format "
@@ -173,12 +176,34 @@ def _members(items: list[tuple[str, bool]]) -> str:
     return first
 
 
+def _string_pattern(pattern: Any, where: str) -> str:
+    """A string's `pattern`, checked, as the whole string must match it: JSON Schema's patterns
+    are searched for, so a whole match is one of the strings it allows; ^ / $ anchors are
+    dropped (the whole string is matched anyway)."""
+    if not isinstance(pattern, str):
+        raise SchemaError(f"guided JSON schema at {where}/pattern: a pattern is a string")
+    for start in ("^", "\\A"):
+        if pattern.startswith(start):
+            pattern = pattern[len(start):]
+    for end in ("$", "\\Z"):
+        if pattern.endswith(end) and not pattern.endswith("\\" + end):
+            pattern = pattern[:-len(end)]
+    try:
+        parse(pattern)
+    except RegexError as exc:
+        raise SchemaError(f"guided JSON schema at {where}/pattern: {exc}") from None
+    return pattern
+
+
 def _count(schema: dict, low_key: str, high_key: str, where: str) -> tuple[int, int | None]:
     low, high = schema.get(low_key, 0), schema.get(high_key)
     if not isinstance(low, int) or (high is not None and not isinstance(high, int)) or (
             high is not None and high < low) or low < 0:
         raise SchemaError(f"guided JSON schema at {where}: {low_key} / {high_key} must be "
                           f"counts with {low_key} <= {high_key}")
+    if max(low, high or 0) > MAX_REPEAT:
+        raise SchemaError(f"guided JSON schema at {where}: {low_key} / {high_key} of at most "
+                          f"{MAX_REPEAT} (each count is a state of the automaton)")
     return low, high
 
 

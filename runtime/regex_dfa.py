@@ -3,9 +3,10 @@
 The whole completion must match (as Python's re.fullmatch). Supported: literals, `.` (any
 character but a newline), classes `[a-z0-9_]`, `[^"]` (any Unicode ranges), the escapes
 \\d \\w \\s \\D \\W \\S (ASCII sets, as re.ASCII reads them) and \\n \\t \\r \\f \\v \\uXXXX
-\\xXX, groups `( )` and `(?: )`, `|`, and the quantifiers * + ? {n} {n,} {n,m} (lazy ones
-too: a full match's language is the same). ^ and $ are accepted at the ends. Backreferences,
-lookarounds and word boundaries are refused: no finite automaton has them.
+\\xXX, groups `( )`, `(?: )` and `(?P<name> )`, `|`, and the quantifiers * + ? {n} {n,} {n,m}
+(lazy ones too: a full match's language is the same). ^ / \\A and $ / \\Z are accepted at the
+ends. Backreferences, lookarounds and word boundaries are refused (no finite automaton has
+them), and so are inline flags, atomic groups, conditionals and \\N{...}.
 
 Characters are matched as their UTF-8 bytes, so a token that ends inside a character is fine:
 the automaton is in the middle of that character's bytes. Thompson's construction gives an NFA

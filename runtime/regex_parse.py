@@ -9,6 +9,8 @@ byte ranges the automaton walks.
 
 from __future__ import annotations
 
+import re
+
 MAX_REPEAT = 1000  # {n,m} copies its operand: bounds beyond this are refused
 _MAX_CODEPOINT = 0x10FFFF
 _DIGITS = [(0x30, 0x39)]
@@ -33,12 +35,16 @@ class _Parser:
     def __init__(self, pattern: str) -> None:
         self.p, self.i = pattern, 0
 
-    def fail(self, why: str) -> RegexError:
-        return RegexError(f"regex {self.p!r} at position {self.i}: {why}")
+    def fail(self, why: str, at: int | None = None) -> RegexError:
+        """An error at `at` (the 0-based start of the construct, as Python's re counts), or at
+        the current position."""
+        return RegexError(f"regex {self.p!r} at position {self.i if at is None else at}: {why}")
 
     def parse(self) -> tuple:
-        if self.p.startswith("^"):
-            self.i = 1
+        for start in ("^", "\\A"):  # the start of a full match anyway
+            if self.p.startswith(start):
+                self.i = len(start)
+                break
         node = self.alternation()
         if self.i < len(self.p):
             raise self.fail("unbalanced ')'")
@@ -57,8 +63,9 @@ class _Parser:
     def concatenation(self) -> tuple:
         items = []
         while (c := self.peek()) is not None and c not in "|)":
-            if c == "$" and self.i == len(self.p) - 1:  # the end of a full match anyway
-                self.i += 1
+            if (c == "$" and self.i == len(self.p) - 1) or (
+                    self.p.startswith("\\Z", self.i) and self.i == len(self.p) - 2):
+                self.i = len(self.p)  # the end of a full match anyway
                 break
             items.append(self.repeat(self.atom()))
         return ("cat", items)
@@ -95,24 +102,28 @@ class _Parser:
         return low, high
 
     def atom(self) -> tuple:
+        start = self.i
         c = self.p[self.i]
         self.i += 1
         if c == "(":
             if self.p.startswith("?:", self.i):
                 self.i += 2
+            elif (name := re.match(r"\?P<[^\W\d]\w*>", self.p[self.i:])) is not None:
+                self.i += name.end()  # a named group: a group (nothing refers to it)
             elif self.peek() == "?":
-                raise self.fail("only (?: ) groups: lookarounds and flags are not supported")
+                raise self.fail("only (?: ) and (?P<name> ) groups: lookarounds, inline "
+                                "flags, atomic groups and conditionals are not supported", start)
             node = self.alternation()
             if self.peek() != ")":
-                raise self.fail("missing ')'")
+                raise self.fail("missing ')'", start)
             self.i += 1
             return node
         if c in "*+?":
-            raise self.fail(f"nothing to repeat before {c!r}")
+            raise self.fail(f"nothing to repeat before {c!r}", start)
         if c == "^":
-            raise self.fail("^ only at the start (the whole completion is matched)")
+            raise self.fail("^ only at the start (the whole completion is matched)", start)
         if c == "$":
-            raise self.fail("$ only at the end (the whole completion is matched)")
+            raise self.fail("$ only at the end (the whole completion is matched)", start)
         if c == ".":
             return ("set", _complement([(0x0A, 0x0A)]))
         if c == "[":
@@ -122,8 +133,9 @@ class _Parser:
         return ("set", [(ord(c), ord(c))])
 
     def escape(self, in_class: bool) -> Ranges:
+        start = self.i - 1  # the backslash
         if self.i >= len(self.p):
-            raise self.fail("a pattern cannot end with a backslash")
+            raise self.fail("a pattern cannot end with a backslash", start)
         c = self.p[self.i]
         self.i += 1
         if c in _CLASS_ESCAPES:
@@ -135,14 +147,21 @@ class _Parser:
             width = 2 if c == "x" else 4
             digits = self.p[self.i:self.i + width]
             if len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                raise self.fail(f"\\{c} takes {width} hex digits")
+                raise self.fail(f"\\{c} takes {width} hex digits", start)
             self.i += width
             return [(int(digits, 16),) * 2]
         if c == "b" and in_class:
             return [(0x08, 0x08)]
+        if c.isdigit():
+            raise self.fail(f"\\{c} is a backreference: no finite automaton has one", start)
+        if c in "AZ":
+            raise self.fail(f"\\{c} only at the {'start' if c == 'A' else 'end'} (the whole "
+                            "completion is matched)", start)
+        if c in "bB":
+            raise self.fail(f"\\{c} (a word boundary) is not supported: no finite automaton "
+                            "has one", start)
         if c.isalnum():
-            raise self.fail(f"\\{c} is not supported (backreferences, anchors and word "
-                            "boundaries have no finite automaton)")
+            raise self.fail(f"\\{c} is not supported", start)
         return [(ord(c), ord(c))]
 
     def char_class(self) -> Ranges:

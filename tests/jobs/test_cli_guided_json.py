@@ -78,6 +78,12 @@ def test_column_edges_and_refusals(tmp_path: Path, tiny_model_dir: Path) -> None
     assert 'guided_json {"type":"array"' in (tmp_path / "out" / "report.md").read_text()
     for args, said in (
             (("--guided-json", "{'a': 1}"), "not a JSON schema"),
+            (("--guided-json", "nosuchfile.json"),
+             "'nosuchfile.json' is neither a JSON schema's text (an object, '{...}') nor a file"),
+            (("--guided-json", '{"type": "string", "pattern": "(?=x)"}'),
+             "guided JSON schema at #/pattern: regex '(?=x)' at position 0"),
+            (("--guided-json", '{"type": "string", "maxLength": 2000}'),
+             "at #: minLength / maxLength of at most 1000"),
             (("--guided-json", '{"type": "object"}'), "an object needs properties"),
             (("--guided-json", digits, "--guided-regex", "a"),
              "guided_regex and guided_json: give one of them")):

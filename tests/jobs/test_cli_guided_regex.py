@@ -55,7 +55,7 @@ def test_column_edges_and_refusals(tmp_path: Path, tiny_model_dir: Path) -> None
     assert rows[0]["finish_reason"] == "stop" and re.fullmatch("[a-e]{2,5}", rows[0]["completion"])
     assert rows[1]["finish_reason"] == "stop" and re.fullmatch("[0-9]{3}", rows[1]["completion"])
     assert not re.fullmatch("[a-e]{2,5}", rows[2]["completion"] or "")  # "": unguided
-    assert rows[3]["error"] == "bad per-row sampling option: regex '(a' at position 2: missing ')'"
+    assert rows[3]["error"] == "bad per-row sampling option: regex '(a' at position 0: missing ')'"
     # a row's choices replace the job's pattern
     choices = write_parquet(tmp_path / "choices.parquet", {"prompt": ["Paris is"],
                                                            "guided_choice": [["yes", "no"]]})
@@ -68,8 +68,8 @@ def test_column_edges_and_refusals(tmp_path: Path, tiny_model_dir: Path) -> None
     assert report.exit_code == 0, report.output
     assert "guided_regex '[a-e]{2,5}'" in (tmp_path / "out" / "report.md").read_text()
     for args, said in (
-            (("--guided-regex", "(?=x)"), "bad sampling option: regex '(?=x)' at position 1: "
-                                          "only (?: ) groups"),
+            (("--guided-regex", "(?=x)"), "bad sampling option: regex '(?=x)' at position 0: "
+                                          "only (?: ) and (?P<name> ) groups"),
             (("--guided-regex", "\u00e6+"), "error: --guided-regex: guided regex '\u00e6+': no "
                                            "token of this vocabulary starts it"),
             (("--guided-regex", "a", "--guided-choice", "a"), "give one of them"),

@@ -157,7 +157,7 @@ def test_with_drafts_the_same_tokens(tiny_model_dir: Path, tiny_random_drafter: 
 
 def test_bad_patterns_are_refused_and_a_pattern_no_token_starts_fails_its_request(
         tiny_model_dir: Path) -> None:
-    with pytest.raises(ValueError, match=r"regex '\(a' at position 2: missing '\)'"):
+    with pytest.raises(ValueError, match=r"regex '\(a' at position 0: missing '\)'"):
         SamplingParams(guided_regex="(a")
     with pytest.raises(ValueError, match="guided_choice and guided_regex: give one of them"):
         SamplingParams(guided_regex="a", guided_choice=("a",))

@@ -21,12 +21,13 @@ PERSON = {
         "name": {"type": "string", "minLength": 1, "maxLength": 8, "description": "given"},
         "age": {"type": "integer"},
         "height": {"type": ["number", "null"]},
-        "tags": {"type": "array", "items": {"type": "string", "pattern": "[a-z]+"},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"},
                  "maxItems": 2},
         "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}, "minItems": 1},
         "point": {"type": "array", "prefixItems": [{"type": "integer"}, {"const": "x"}],
                   "items": False},
         "ok": {"type": "boolean"},
+        "at": {"type": "string", "format": "date-time"},
     },
     "required": ["name", "pets"],
 }
@@ -36,7 +37,7 @@ GOOD = [
                                                    {"kind": "cat"}], "ok": False},
     {"name": "C", "height": None, "tags": [], "pets": [{"kind": "cat"}], "point": [4, "x"]},
     {"name": "D", "age": 0, "height": 1.5e-3, "tags": ["ab", "c"], "pets": [{"kind": "dog"}],
-     "point": [-1, "x"], "ok": True},
+     "point": [-1, "x"], "ok": True, "at": "2024-01-01T10:00:00.5+02:00"},
 ]
 BAD = [
     {"pets": [{"kind": "cat"}]},  # name required
@@ -48,6 +49,7 @@ BAD = [
     {"name": "A", "tags": ["A"], "pets": [{"kind": "cat"}]},  # pattern
     {"name": "A", "tags": ["a", "b", "c"], "pets": [{"kind": "cat"}]},  # maxItems
     {"name": "A", "pets": [{"kind": "cat", "born": "2020-13-01"}]},  # format
+    {"name": "A", "pets": [{"kind": "cat"}], "at": "2024-01-01T10:00:00"},  # no offset
     {"name": "A", "pets": [{"kind": "cat"}], "extra": 1},  # only the listed properties
     {"pets": [{"kind": "cat"}], "name": "A"},  # the schema's order
     {"name": "A", "pets": [{"kind": "cat"}], "point": [1, "y"]},  # const
@@ -84,6 +86,10 @@ def test_values_the_schema_allows_match_and_others_do_not() -> None:
     ({"enum": []}, "an empty enum or anyOf allows nothing"),
     ({"type": "strin"}, 'unknown type "strin"'),
     ({"$ref": "#/$defs/X"}, "#/$defs/X names nothing"),
+    ({"type": "object", "properties": {"n": {"type": "string", "pattern": "a(?=b)"}}},
+     "at #/properties/n/pattern: regex 'a(?=b)' at position 1"),
+    ({"type": "array", "items": {"type": "null"}, "maxItems": 1001},
+     "at #: minItems / maxItems of at most 1000"),
     ({"type": "string", "maxLength": -1}, "minLength / maxLength must be counts"),
 ])
 def test_what_it_cannot_hold_is_refused_naming_where(schema: dict, message: str) -> None:

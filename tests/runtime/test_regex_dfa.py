@@ -35,7 +35,8 @@ def test_utf8_sequences_cover_exactly_the_range(low: int, high: int) -> None:
 PATTERNS = [r"\d{3}-\d{4}", r"(yes|no)", r"[A-Z][a-z]+( [A-Z][a-z]+)*",
             r'\{"name": "[^"]*", "age": \d+\}', r"[а-яё]+!", r"a.c", r"(ab)*c?", r"x{2,4}y",
             r"\w+@\w+\.com", r"[^a-z]{1,3}", r"(?:foo|bar){0,2}?baz", r"^\s*\S+\s*$",
-            r"[\d\-.]+", r"é|ü+", r"a{,2}", r"a{,}b", r"a{x}", r"[]a]+", r"[\]\\]x", r"\u00e9\x41"]
+            r"[\d\-.]+", r"é|ü+", r"a{,2}", r"a{,}b", r"a{x}", r"\Aa(?P<n>b|c)+\Z", r"[]a]+",
+            r"[\]\\]x", r"\u00e9\x41"]
 ALPHABET = "abcxyz0123456789-@.comAZ éü!{}\":,nameagefoobarbazyesnoйаяё\n]\\{,2}A"
 
 
@@ -69,12 +70,18 @@ def test_dead_is_exactly_where_no_match_can_start() -> None:
 
 
 @pytest.mark.parametrize("pattern, message", [
-    ("(a", "at position 2: missing ')'"), ("a)", "at position 1: unbalanced ')'"),
-    (r"(\w)\1", r"\1 is not supported"), ("(?=a)b", "lookarounds and flags are not supported"),
-    ("[a", "missing ']'"), ("*a", "nothing to repeat before '*'"),
-    ("a{3,2}", "the maximum is below the minimum"), (r"\bword", r"\b is not supported"),
-    ("a^b", "^ only at the start"), ("a$b", "$ only at the end"), ("[z-a]", "below its start"),
-    ("a{1001}", "at most 1000 repeats"), ("\\", "cannot end with a backslash"),
+    ("(a", "at position 0: missing ')'"), ("a)", "at position 1: unbalanced ')'"),
+    (r"(\w)\1", r"at position 4: \1 is a backreference"),
+    ("(?=a)b", "at position 0: only (?: ) and (?P<name> ) groups: lookarounds, inline flags"),
+    ("(?i)ab", "at position 0: only (?: ) and (?P<name> ) groups"),
+    ("[a", "missing ']'"), ("*a", "at position 0: nothing to repeat before '*'"),
+    ("a{3,2}", "the maximum is below the minimum"),
+    (r"x\bword", r"at position 1: \b (a word boundary) is not supported"),
+    ("a^b", "at position 1: ^ only at the start"), ("a$b", "at position 1: $ only at the end"),
+    (r"a\Ab", r"at position 1: \A only at the start"), ("[z-a]", "below its start"),
+    ("a{1001}", "at most 1000 repeats"),
+    ("\\", "at position 0: a pattern cannot end with a backslash"),
+    (r"\N{EM DASH}", r"at position 0: \N is not supported"),
 ])
 def test_what_no_automaton_has_is_refused(pattern: str, message: str) -> None:
     with pytest.raises(RegexError, match=re.escape(message)):
