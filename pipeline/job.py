@@ -163,7 +163,8 @@ def _run_locked(config: JobConfig, plan: InputPlan, runner: Runner,
         check_placement(manifest, config.placement_options() | _placement(config),
                         config.output_dir)
     with runner(config, plan, engine_factory) as run_shards:
-        resumed = _prepare_output_dir(config, manifest, unusable)
+        resumed = _prepare_output_dir(config, manifest, unusable,
+                                      [n for n in OVERRIDE_COLUMNS if n in plan.schema.names])
         seconds_before = _seconds_before(manifest)
         pending = [s for s in plan.shards if s.shard_id not in manifest.shards]
         bar = Progress(sum(s.num_rows for s in plan.shards),
@@ -325,8 +326,11 @@ def _context_as_recorded(old: dict[str, object], new: dict[str, object],
     return new | {"max_model_len": old.get("max_model_len")} if context in given else new
 
 
-def _prepare_output_dir(config: JobConfig, manifest: Manifest, unusable: dict[int, str]) -> int:
-    """Clear (--overwrite) or tidy OUTPUT_DIR, say whether we resume; return shards done."""
+def _prepare_output_dir(config: JobConfig, manifest: Manifest, unusable: dict[int, str],
+                        row_options: list[str]) -> int:
+    """Clear (--overwrite) or tidy OUTPUT_DIR, say whether we resume; return shards done.
+    row_options: the input's columns that override options row by row, recorded with the run
+    for the report."""
     if config.overwrite:
         clear_outputs(config.output_dir)
     remove_stale_temps(config.output_dir)
@@ -340,6 +344,8 @@ def _prepare_output_dir(config: JobConfig, manifest: Manifest, unusable: dict[in
         run: dict[str, object] = {"started": round(time.time(), 3), "runner": "local"}
         if config.ray is not None:
             run |= {"runner": "ray", "workers": config.ray.num_workers}
+        if row_options:
+            run["row_options"] = row_options
         manifest.runs.append(run)
     manifest.save(config.output_dir)
     write_stats(config.output_dir, manifest.shards, manifest.committed_at)

@@ -7,12 +7,14 @@ between the two renames) is simply regenerated and replaced on resume.
     {"version": 1, "config": {...JobConfig.fingerprint()}, "inputs": [{path, size, mtime_ns}, ...],
      "num_shards": 50, "shards": {"7": {"rows": 10000, "errors": 2, ...Counts}, ...},
      "totals": {...Counts}, "complete": false,
-     "runs": [{"started": 1765000000.0, "runner": "local"}, {..., "runner": "ray", "workers": 4}],
+     "runs": [{"started": 1765000000.0, "runner": "local"}, {..., "runner": "ray", "workers": 4,
+               "row_options": ["temperature"]}],
      "committed_at": {"7": 1765000123.456, ...}, "part_digests": {"7": "<sha256>", ...}}
 
 `runs` and `committed_at` are a record, not part of what a resume checks: one entry per run of
-the job (the first and every resume), with its start (Unix time) and runner, and each shard's
-commit time (Unix time), so a report can tell the runs apart and draw the job over time.
+the job (the first and every resume), with its start (Unix time), runner and the input columns
+that overrode options row by row (if any), and each shard's commit time (Unix time), so a
+report can tell the runs apart and draw the job over time.
 `part_digests` is what a resume checks each committed part file against: a part file damaged
 or replaced since (a flipped byte in a page, two part files swapped) is generated again.
 """

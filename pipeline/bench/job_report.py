@@ -264,6 +264,12 @@ def _header(directory: str, manifest: Manifest | None, shards: dict[int, Counts]
         f"{config.get('shard_rows')} rows per shard, {len(manifest.inputs)} input file(s)",
         columns_line(config),
     ]
+    row_options = sorted({str(n) for r in manifest.runs if isinstance(r.get("row_options"), list)
+                          for n in r["row_options"]})
+    if row_options:
+        lines.append("- per-row options from the input's columns "
+                     + ", ".join(f"`{n}`" for n in row_options)
+                     + " (each row's value, where not null, overrides the job's option)")
     if manifest.runs:
         what = "its start and every resume" if len(manifest.runs) > 1 else "started"
         lines.append(f"- {md.plural(len(manifest.runs), 'run')} ({what}): "

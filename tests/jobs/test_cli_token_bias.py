@@ -83,6 +83,11 @@ def test_options_and_columns_give_the_engines_tokens(tmp_path: Path, tiny_model_
                                 "got -1")
     assert rows[6]["error"] == ("allowed token id 256 is outside the model's vocabulary (ids 0 "
                                 "to 255)")
+    report = CliRunner().invoke(main, ["report", str(tmp_path / "per-row")])
+    assert report.exit_code == 0, report.output
+    assert ("- per-row options from the input's columns `allowed_token_ids`, `logit_bias` (each "
+            "row's value, where not null, overrides the job's option)"
+            ) in (tmp_path / "per-row" / "report.md").read_text()
 
 
 def test_bad_options_and_columns_are_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
