@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -35,8 +35,22 @@ from runtime.regex_dfa import DEAD, RegexDFA
 from runtime.sequence import Sequence as Seq
 from runtime.token_bytes import TokenBytes
 
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 MAX_MASKS = 512  # a guide's masks kept (25 MB for the default model's vocabulary)
 MAX_GUIDES = 64  # guides kept, with their masks and automata
+
+
+def _recent(cache: OrderedDict[K, V], key: K, make: Callable[[K], V], limit: int) -> V:
+    """cache[key], made by make(key) where missing; the `limit` most recently used are kept."""
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = make(key)
+        if len(cache) > limit:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return found
 
 
 class Guide(Protocol):
@@ -61,15 +75,7 @@ class _Masks:
         self._masks: OrderedDict[Hashable, Tensor] = OrderedDict()
 
     def mask(self, state: Hashable) -> Tensor:
-        found = self._masks.get(state)
-        if found is None:
-            found = self._build_mask(state)
-            self._masks[state] = found
-            if len(self._masks) > MAX_MASKS:
-                self._masks.popitem(last=False)
-        else:
-            self._masks.move_to_end(state)
-        return found
+        return _recent(self._masks, state, self._build_mask, MAX_MASKS)
 
     def _build_mask(self, state: Hashable) -> Tensor:
         found = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -192,19 +198,15 @@ class Guides:
         pattern = guided_pattern(params)
         key = params.guided_choice or pattern
         assert key, "not a guided request"
-        guide = self._guides.get(key)
-        if guide is None:
+
+        def build(_: tuple[str, ...] | str) -> ChoiceGuide | RegexGuide:
             if self._tokens is None:
                 self._tokens = TokenBytes(self._tokenizer, self._vocab_size)
-            guide = (ChoiceGuide(params.guided_choice, self._tokens, self._eos)
-                     if params.guided_choice
-                     else RegexGuide(pattern or "", self._tokens, self._eos))
-            self._guides[key] = guide
-            if len(self._guides) > MAX_GUIDES:
-                self._guides.popitem(last=False)
-        else:
-            self._guides.move_to_end(key)
-        return guide
+            if params.guided_choice:
+                return ChoiceGuide(params.guided_choice, self._tokens, self._eos)
+            return RegexGuide(pattern or "", self._tokens, self._eos)
+
+        return _recent(self._guides, key, build, MAX_GUIDES)
 
     def problem(self, params: SamplingParams) -> str | None:
         """Why a request guided so cannot run here, or None."""
