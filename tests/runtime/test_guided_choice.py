@@ -14,51 +14,19 @@ from runtime.config import EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import Completion, GenerationRequest
 from runtime.token_bytes import TokenBytes
+from tests.runtime.sampling_cases import PROMPTS, masked_greedy_loop, run_prompts
 
-PROMPTS = [(5, 9, 5, 9, 5), (200, 3), (40, 41, 42, 40, 41, 42, 40), (7,), (100, 100, 100, 12)]
 # overlapping choices: after "Par" both go on; "yes" is whole where "yes, sir" goes on
 CHOICES = ("Paris", "Parma", "yes", "yes, sir", "Rome")
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
-def _run(model: Path, params: list[SamplingParams], reference: dict[str, tuple[int, ...]]
-         | None = None, **options: object) -> dict[str, Completion]:
-    engine = Engine(EngineConfig(model=str(model), block_size=4, kv_cache_memory=1 << 20,
-                                 **options))  # type: ignore[arg-type]
-    if reference is not None:
-        engine.draft_from_reference(reference)
-    requests = [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(
-        zip(PROMPTS, params, strict=True))]
-    return {c.request_id: c for c in engine.generate(requests)}
-
-
-def _masked_greedy_loop(model: torch.nn.Module, spelled: TokenBytes, prompt: tuple[int, ...],
-                        choices: tuple[str, ...], eos: int, max_tokens: int) -> tuple[int, ...]:
-    """Greedy tokens of transformers' logits where, at each step, every token is checked by
-    hand: allowed if the text so far plus its bytes starts some choice; EOS once the text is a
-    choice."""
-    wanted = [c.encode() for c in choices]
-    tokens, text = list(prompt), b""
-    for _ in range(max_tokens):
-        with torch.no_grad():
-            logits = model(torch.tensor([tokens])).logits[0, -1]
-        for t in range(len(logits)):
-            b = spelled.by_id[t]
-            ok = (t == eos and text in wanted) or (
-                b is not None and any(w.startswith(text + b) for w in wanted))
-            if not ok:
-                logits[t] = float("-inf")
-        tokens.append(int(logits.argmax()))
-        if tokens[-1] == eos:
-            break
-        text += spelled.by_id[tokens[-1]] or b""
-    return tuple(tokens[len(prompt):])
 
 
 @pytest.fixture(scope="module")
 def guided(tiny_model_dir: Path) -> dict[str, Completion]:
-    return _run(tiny_model_dir, [SamplingParams(max_tokens=16, guided_choice=CHOICES)] * 5)
+    return run_prompts(tiny_model_dir, [SamplingParams(max_tokens=16, guided_choice=CHOICES)] * 5)
 
 
 def test_greedy_choices_are_transformers_loop_masked_by_hand(
@@ -66,9 +34,11 @@ def test_greedy_choices_are_transformers_loop_masked_by_hand(
         tiny_tokenizer: PreTrainedTokenizerFast, guided: dict[str, Completion]) -> None:
     spelled = TokenBytes(tiny_tokenizer, len(tiny_tokenizer))
     eos = tiny_tokenizer.eos_token_id
+    wanted = [c.encode() for c in CHOICES]  # a token goes on along one, EOS ends one
     for rid, c in guided.items():
-        assert c.token_ids == _masked_greedy_loop(tiny_hf_model, spelled, PROMPTS[int(rid)],
-                                                  CHOICES, eos, 16)
+        assert c.token_ids == masked_greedy_loop(
+            tiny_hf_model, spelled, PROMPTS[int(rid)], eos, 16,
+            lambda text: any(w.startswith(text) for w in wanted), lambda text: text in wanted)
         assert c.finish_reason == "stop" and c.token_ids[-1] == eos
         assert tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True) in CHOICES
     # a random model: letter by letter, to more than one choice
@@ -85,12 +55,12 @@ def test_with_drafts_the_same_tokens(tiny_model_dir: Path, tiny_random_drafter: 
     params = [SamplingParams(max_tokens=16, guided_choice=CHOICES, temperature=temperature,
                              seed=i) for i in range(4)] + [
         SamplingParams(max_tokens=16, temperature=temperature, seed=4)]
-    alone = _run(tiny_model_dir, params)
+    alone = run_prompts(tiny_model_dir, params)
     for c in list(alone.values())[:4]:
         assert tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True) in CHOICES
     other = {r: tuple(tiny_tokenizer("Parma")["input_ids"]) for r in alone}
     for options in (dict(reference=other), {}):
-        spec = _run(tiny_model_dir, params, drafter=str(tiny_random_drafter),
+        spec = run_prompts(tiny_model_dir, params, drafter=str(tiny_random_drafter),
                     num_speculative_tokens=3, **options)  # type: ignore[arg-type]
         assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids
                                                              for r, c in alone.items()}
@@ -103,7 +73,7 @@ def test_with_drafts_the_same_tokens(tiny_model_dir: Path, tiny_random_drafter: 
 def test_choices_no_token_spells_fail_their_request_alone(tiny_model_dir: Path) -> None:
     params = [SamplingParams(max_tokens=4, guided_choice=("yes", "\u00e6\u00f8"))] + [
         SamplingParams(max_tokens=4, guided_choice=("yes", "no"))] * 4
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     assert got["0"].finish_reason == "error"
     assert got["0"].error == "guided choice '\u00e6\u00f8': no tokens of this vocabulary spell it"
     assert {c.finish_reason for rid, c in got.items() if rid != "0"} == {"stop"}
@@ -133,7 +103,7 @@ def test_drafts_past_a_whole_choice_are_rejected(tiny_model_dir: Path,
         [GenerationRequest(r, PROMPTS[int(r)] + t, SamplingParams(max_tokens=3, ignore_eos=True))
          for r, t in choice_tokens.items()])}
     reference = {r: choice_tokens[r] + going_on[r] for r in guided}
-    spec = _run(tiny_model_dir, params, reference, drafter=str(tiny_random_drafter),
+    spec = run_prompts(tiny_model_dir, params, reference, drafter=str(tiny_random_drafter),
                 num_speculative_tokens=4)
     assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids
                                                          for r, c in guided.items()}

@@ -6,35 +6,26 @@ token."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from runtime.config import EngineConfig, SamplingParams
-from runtime.engine import Engine
+from runtime.config import SamplingParams
 from runtime.guided import RegexGuide
 from runtime.regex_dfa import DEAD
-from runtime.request import Completion, GenerationRequest
+from runtime.request import Completion
 from runtime.token_bytes import TokenBytes
+from tests.runtime.sampling_cases import PROMPTS, masked_greedy_loop, run_prompts
 
-PROMPTS = [(5, 9, 5, 9, 5), (200, 3), (40, 41, 42, 40, 41, 42, 40), (7,), (100, 100, 100, 12)]
 PATTERN = r"[a-e]+[0-9]{2}"
 PREFIXES = r"[a-e]*|[a-e]+[0-9]{0,2}"  # the prefixes of PATTERN's matches, by hand
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
-def _run(model: Path, params: list[SamplingParams], reference: dict[str, tuple[int, ...]]
-         | None = None, **options: object) -> dict[str, Completion]:
-    engine = Engine(EngineConfig(model=str(model), block_size=4, kv_cache_memory=1 << 20,
-                                 **options))  # type: ignore[arg-type]
-    if reference is not None:
-        engine.draft_from_reference(reference)
-    requests = [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(
-        zip(PROMPTS, params, strict=True))]
-    return {c.request_id: c for c in engine.generate(requests)}
 
 
 @pytest.mark.parametrize("pattern, texts", [
@@ -60,38 +51,31 @@ def test_a_states_mask_is_the_brute_force_one(smollm2_dir: Path, pattern: str,
         assert brute
 
 
-def _masked_greedy_loop(model: torch.nn.Module, spelled: TokenBytes, prompt: tuple[int, ...],
-                        eos: int, max_tokens: int, bias: tuple[tuple[int, float], ...] = (),
-                        penalty: float = 1.0, pattern: str = PATTERN, prefixes: str = PREFIXES
-                        ) -> tuple[int, ...]:
-    """Greedy tokens of transformers' logits (with a bias, then a repetition penalty, added by
-    hand), each token checked by hand against `prefixes`, EOS where the text matches
-    `pattern`."""
-    tokens, text = list(prompt), b""
-    for _ in range(max_tokens):
-        with torch.no_grad():
-            logits = model(torch.tensor([tokens])).logits[0, -1]
-        for t, b in bias:
-            logits[t] += b
-        seen = sorted(set(tokens))
-        values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
-        for t in range(len(logits)):
-            b = spelled.by_id[t]
-            ok = (t == eos and re.fullmatch(pattern, text.decode()) is not None) or (
-                b is not None and re.fullmatch(prefixes.encode(), text + b) is not None)
-            if not ok:
-                logits[t] = float("-inf")
-        tokens.append(int(logits.argmax()))
-        if tokens[-1] == eos:
-            break
-        text += spelled.by_id[tokens[-1]] or b""
-    return tuple(tokens[len(prompt):])
+def _pattern_loop(model: torch.nn.Module, spelled: TokenBytes, prompt: tuple[int, ...],
+                  eos: int, pattern: str = PATTERN, prefixes: str = PREFIXES,
+                  change: Callable[[torch.Tensor, list[int]], None] | None = None
+                  ) -> tuple[int, ...]:
+    """12 greedy tokens of transformers' logits, each checked by hand against `prefixes`, EOS
+    where the text matches `pattern`."""
+    return masked_greedy_loop(
+        model, spelled, prompt, eos, 12,
+        lambda text: re.fullmatch(prefixes.encode(), text) is not None,
+        lambda text: re.fullmatch(pattern, text.decode()) is not None, change)
+
+
+def _bias_then_penalty(logits: torch.Tensor, tokens: list[int],
+                       bias: tuple[tuple[int, float], ...], penalty: float) -> None:
+    """The bias, then the repetition penalty over the tokens so far, by hand."""
+    for t, b in bias:
+        logits[t] += b
+    seen = sorted(set(tokens))
+    values = logits[seen]
+    logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
 
 
 @pytest.fixture(scope="module")
 def guided(tiny_model_dir: Path) -> dict[str, Completion]:
-    return _run(tiny_model_dir, [SamplingParams(max_tokens=12, guided_regex=PATTERN)] * 5)
+    return run_prompts(tiny_model_dir, [SamplingParams(max_tokens=12, guided_regex=PATTERN)] * 5)
 
 
 def test_greedy_is_transformers_loop_masked_by_hand(
@@ -100,8 +84,7 @@ def test_greedy_is_transformers_loop_masked_by_hand(
     spelled = TokenBytes(tiny_tokenizer, len(tiny_tokenizer))
     eos = tiny_tokenizer.eos_token_id
     for rid, c in guided.items():
-        assert c.token_ids == _masked_greedy_loop(tiny_hf_model, spelled, PROMPTS[int(rid)],
-                                                  eos, 12)
+        assert c.token_ids == _pattern_loop(tiny_hf_model, spelled, PROMPTS[int(rid)], eos)
         text = tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True)
         if c.finish_reason == "stop":
             assert re.fullmatch(PATTERN, text), text
@@ -123,13 +106,13 @@ def test_with_a_bias_and_a_penalty_the_mask_comes_last(
     bias = tuple((t, 8.0) for t in with_s)
     params = [SamplingParams(max_tokens=12, guided_regex=pattern, logit_bias=bias,
                              repetition_penalty=1.5)] * 5
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     for rid, c in got.items():
-        assert c.token_ids == _masked_greedy_loop(
-            tiny_hf_model, spelled, PROMPTS[int(rid)], tiny_tokenizer.eos_token_id, 12, bias,
-            1.5, pattern, prefixes)
+        assert c.token_ids == _pattern_loop(
+            tiny_hf_model, spelled, PROMPTS[int(rid)], tiny_tokenizer.eos_token_id, pattern,
+            prefixes, lambda logits, tokens: _bias_then_penalty(logits, tokens, bias, 1.5))
         assert "s" not in tiny_tokenizer.decode(c.token_ids, skip_special_tokens=True)
-    unguided = _run(tiny_model_dir, [SamplingParams(max_tokens=12, logit_bias=bias)] * 5)
+    unguided = run_prompts(tiny_model_dir, [SamplingParams(max_tokens=12, logit_bias=bias)] * 5)
     assert all("s" in tiny_tokenizer.decode(c.token_ids) for c in unguided.values())
 
 
@@ -142,11 +125,11 @@ def test_with_drafts_the_same_tokens(tiny_model_dir: Path, tiny_random_drafter: 
     params = [SamplingParams(max_tokens=12, guided_regex=PATTERN, temperature=temperature,
                              seed=i) for i in range(4)] + [
         SamplingParams(max_tokens=12, temperature=temperature, seed=4)]
-    alone = _run(tiny_model_dir, params)
+    alone = run_prompts(tiny_model_dir, params)
     letters = tuple(tiny_tokenizer("abcabc", add_special_tokens=False)["input_ids"])
     reference = {r: c.token_ids[:-1] + letters for r, c in alone.items()}
     for options in (dict(reference=reference), {}):
-        spec = _run(tiny_model_dir, params, drafter=str(tiny_random_drafter),
+        spec = run_prompts(tiny_model_dir, params, drafter=str(tiny_random_drafter),
                     num_speculative_tokens=3, **options)  # type: ignore[arg-type]
         assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids
                                                              for r, c in alone.items()}
@@ -166,7 +149,7 @@ def test_bad_patterns_are_refused_and_a_pattern_no_token_starts_fails_its_reques
         SamplingParams(guided_regex="a", ignore_eos=True)
     params = [SamplingParams(max_tokens=4, guided_regex="\u00e6+")] + [
         SamplingParams(max_tokens=4, guided_regex="[ab]+")] * 4
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     assert got["0"].finish_reason == "error"
     assert got["0"].error == "guided regex '\u00e6+': no token of this vocabulary starts it"
     assert {c.finish_reason for rid, c in got.items() if rid != "0"} <= {"stop", "length"}
@@ -179,10 +162,10 @@ def test_guides_and_masks_let_go_of_give_the_same_tokens(
     the same pattern), so the tokens are those of an engine that keeps them all."""
     patterns = [PATTERN, r"[a-e]{2}[0-9]+", r"[0-9]{3}", PATTERN, r"(ab|cd)+9"]
     params = [SamplingParams(max_tokens=12, guided_regex=p) for p in patterns]
-    kept = _run(tiny_model_dir, params)
+    kept = run_prompts(tiny_model_dir, params)
     monkeypatch.setattr("runtime.guided.MAX_GUIDES", 1)
     monkeypatch.setattr("runtime.guided.MAX_MASKS", 1)
-    assert {r: c.token_ids for r, c in _run(tiny_model_dir, params).items()} == {
+    assert {r: c.token_ids for r, c in run_prompts(tiny_model_dir, params).items()} == {
         r: c.token_ids for r, c in kept.items()}
     for rid, c in kept.items():
         assert c.finish_reason == "length" or re.fullmatch(patterns[int(rid)], "".join(

@@ -8,31 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.config import EngineConfig, SamplingParams
-from runtime.engine import Engine
-from runtime.request import Completion, GenerationRequest
+from runtime.config import SamplingParams
+from runtime.request import Completion
+from tests.runtime.sampling_cases import PROMPTS, run_prompts
 
-PROMPTS = [(5, 9, 5, 9, 5), (200, 3), (40, 41, 42, 40, 41, 42, 40), (7,), (100, 100, 100, 12)]
 MAX_TOKENS = 16
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
-def _run(model: Path, params: list[SamplingParams], reference: dict[str, tuple[int, ...]]
-         | None = None, **options: object) -> dict[str, Completion]:
-    engine = Engine(EngineConfig(model=str(model), block_size=4, kv_cache_memory=1 << 20,
-                                 **options))  # type: ignore[arg-type]
-    if reference is not None:
-        engine.draft_from_reference(reference)
-    requests = [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(
-        zip(PROMPTS, params, strict=True))]
-    return {c.request_id: c for c in engine.generate(requests)}
 
 
 @pytest.fixture(scope="module")
 def plain(tiny_model_dir: Path) -> dict[str, Completion]:
     """Each prompt's greedy tokens, EOS ignored."""
-    return _run(tiny_model_dir, [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)] * 5)
+    return run_prompts(tiny_model_dir, [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)] * 5)
 
 
 def _cut(tokens: tuple[int, ...], stops: set[int], min_tokens: int = 0) -> tuple[int, ...]:
@@ -50,14 +40,14 @@ def test_a_stop_token_ends_each_request_where_it_first_comes(
     all accepted or random, the same tokens."""
     stops = tuple(sorted({c.token_ids[3] for c in plain.values()}))
     params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, stop_token_ids=stops)] * 5
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     for rid, c in got.items():
         expected = _cut(plain[rid].token_ids, set(stops))
         assert c.token_ids == expected and len(expected) <= 4
         assert c.finish_reason == "stop" and c.stop_string is None
     accepted = []
     for options in (dict(reference={r: c.token_ids for r, c in plain.items()}), {}):
-        spec = _run(tiny_model_dir, params, drafter=str(tiny_random_drafter),
+        spec = run_prompts(tiny_model_dir, params, drafter=str(tiny_random_drafter),
                     num_speculative_tokens=4, **options)  # type: ignore[arg-type]
         assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids
                                                              for r, c in got.items()}
@@ -74,11 +64,11 @@ def test_min_tokens_holds_stop_token_ids_back(tiny_model_dir: Path,
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    stop = _run(tiny_model_dir, [SamplingParams(max_tokens=3, ignore_eos=True)] * 5)[
+    stop = run_prompts(tiny_model_dir, [SamplingParams(max_tokens=3, ignore_eos=True)] * 5)[
         "0"].token_ids[1]
     params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, min_tokens=10,
                              stop_token_ids=(stop,))] * 5
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     for rid, c in got.items():
         tokens = list(PROMPTS[int(rid)])
         for i in range(MAX_TOKENS):
@@ -92,7 +82,7 @@ def test_min_tokens_holds_stop_token_ids_back(tiny_model_dir: Path,
         assert c.token_ids == tuple(tokens[len(PROMPTS[int(rid)]):])
         assert stop not in c.token_ids[:10]
     assert got["0"].token_ids[0] != stop and len(got["0"].token_ids) > 2
-    spec = _run(tiny_model_dir, params, drafter=str(tiny_random_drafter),
+    spec = run_prompts(tiny_model_dir, params, drafter=str(tiny_random_drafter),
                 num_speculative_tokens=3)
     assert {r: c.token_ids for r, c in spec.items()} == {r: c.token_ids for r, c in got.items()}
 
@@ -101,7 +91,7 @@ def test_a_stop_token_id_outside_the_vocabulary_fails_its_request_alone(
         tiny_model_dir: Path) -> None:
     params = [SamplingParams(max_tokens=4, stop_token_ids=(3, 256))] + [
         SamplingParams(max_tokens=4)] * 4
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     assert got["0"].finish_reason == "error" and got["0"].token_ids == ()
     assert got["0"].error == "stop token id 256 is outside the model's vocabulary (ids 0 to 255)"
     assert {c.finish_reason for rid, c in got.items() if rid != "0"} <= {"stop", "length"}

@@ -9,26 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.config import EngineConfig, SamplingParams
-from runtime.engine import Engine
-from runtime.request import Completion, GenerationRequest
+from runtime.config import SamplingParams
+from runtime.request import Completion
+from tests.runtime.sampling_cases import PROMPTS, run_prompts
 
-PROMPTS = [(5, 9, 5, 9, 5), (200, 3), (40, 41, 42, 40, 41, 42, 40), (7,), (100, 100, 100, 12)]
 MAX_TOKENS = 12
 ALLOWED = tuple(range(0, 256, 3))  # every third token
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
-def _run(model: Path, params: list[SamplingParams], reference: dict[str, tuple[int, ...]]
-         | None = None, **options: object) -> dict[str, Completion]:
-    engine = Engine(EngineConfig(model=str(model), block_size=4, kv_cache_memory=1 << 20,
-                                 **options))  # type: ignore[arg-type]
-    if reference is not None:
-        engine.draft_from_reference(reference)
-    requests = [GenerationRequest(str(i), p, s) for i, (p, s) in enumerate(
-        zip(PROMPTS, params, strict=True))]
-    return {c.request_id: c for c in engine.generate(requests)}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +30,7 @@ def hf_model(tiny_model_dir: Path) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def plain(tiny_model_dir: Path) -> dict[str, Completion]:
-    return _run(tiny_model_dir, [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)] * 5)
+    return run_prompts(tiny_model_dir, [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)] * 5)
 
 
 def _greedy_loop(model: torch.nn.Module, prompt: tuple[int, ...], params: SamplingParams
@@ -84,7 +74,7 @@ def _params(plain: dict[str, Completion]) -> list[SamplingParams]:
 def test_allowed_ids_and_logit_bias_give_transformers_greedy_loop_with_them(
         tiny_model_dir: Path, hf_model: torch.nn.Module, plain: dict[str, Completion]) -> None:
     params = _params(plain)
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     for rid, c in got.items():
         tokens, logprobs = _greedy_loop(hf_model, PROMPTS[int(rid)], params[int(rid)])
         assert c.token_ids == tokens
@@ -105,9 +95,9 @@ def test_with_drafts_the_same_tokens(tiny_model_dir: Path, tiny_random_drafter: 
     rows reject) give the tokens of decoding without drafts, greedy and seeded sampling."""
     params = [SamplingParams(**{**p.__dict__, "temperature": temperature, "seed": 11 + i})
               for i, p in enumerate(_params(plain))]
-    alone = _run(tiny_model_dir, params)
+    alone = run_prompts(tiny_model_dir, params)
     for options in (dict(reference={r: c.token_ids for r, c in plain.items()}), {}):
-        spec = _run(tiny_model_dir, params, drafter=str(tiny_random_drafter),
+        spec = run_prompts(tiny_model_dir, params, drafter=str(tiny_random_drafter),
                     num_speculative_tokens=3, **options)  # type: ignore[arg-type]
         assert {r: (c.token_ids, c.logprobs) for r, c in spec.items()} == {
             r: (c.token_ids, c.logprobs) for r, c in alone.items()}
@@ -118,7 +108,7 @@ def test_ids_outside_the_vocabulary_fail_their_request_alone(tiny_model_dir: Pat
     params = [SamplingParams(max_tokens=4, allowed_token_ids=(3, 256)),
               SamplingParams(max_tokens=4, logit_bias=((300, 1.0),))] + [
         SamplingParams(max_tokens=4)] * 3
-    got = _run(tiny_model_dir, params)
+    got = run_prompts(tiny_model_dir, params)
     assert got["0"].finish_reason == "error" and got["0"].error == (
         "allowed token id 256 is outside the model's vocabulary (ids 0 to 255)")
     assert got["1"].finish_reason == "error" and got["1"].error == (
