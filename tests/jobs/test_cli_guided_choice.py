@@ -13,6 +13,7 @@ from jobs.cli import main
 from runtime.config import DEFAULT_MODEL, EngineConfig, SamplingParams
 from runtime.engine import Engine
 from runtime.request import GenerationRequest
+from tests.jobs.generate_cases import rows_alike_with_the_drafter
 from tests.pipeline.helpers import read_parts, write_parquet
 
 REVIEWS = ["The food was cold and the waiter was rude.", "Wonderful stay, I would come back!",
@@ -39,21 +40,11 @@ def test_a_classification_job_on_the_default_model(tmp_path: Path, smollm2_dir: 
     assert [r["completion"] for r in read_parts(tmp_path / "words").to_pylist()] == [
         "negative", "positive", "negative", "positive"]
     choices = ("--guided-choice", LABELS[0], "--guided-choice", LABELS[1])
-    rows = {}
-    for drafter in ("auto", "none"):
-        result = _generate(DEFAULT_MODEL, path, tmp_path / drafter, "--drafter", drafter,
-                           *choices)
-        assert result.exit_code == 0, result.output
-        rows[drafter] = read_parts(tmp_path / drafter).to_pylist()
-    got = rows["none"]
+    got = rows_alike_with_the_drafter(_generate, path, tmp_path, *choices)
     assert {r["completion"] for r in got} <= set(LABELS)
     assert {r["finish_reason"] for r in got} == {"stop"}
-    assert [(r["completion_token_ids"], r["completion"]) for r in rows["auto"]] == [
-        (r["completion_token_ids"], r["completion"]) for r in got]
-    assert sum(r["num_accepted"] for r in rows["auto"]) > 0
     engine = Engine(EngineConfig(model=str(smollm2_dir), kv_cache_memory=64 << 20))
-    for prompt, row in zip(read_parts(tmp_path / "none").column("prompt").to_pylist(), got,
-                           strict=True):
+    for prompt, row in zip([r["prompt"] for r in got], got, strict=True):
         text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                     tokenize=False, add_generation_prompt=True)
         ids = tuple(engine.tokenizer(text, add_special_tokens=False)["input_ids"])

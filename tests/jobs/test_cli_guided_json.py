@@ -10,8 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from jobs.cli import main
-from runtime.config import DEFAULT_MODEL
 from runtime.json_schema import schema_regex
+from tests.jobs.generate_cases import rows_alike_with_the_drafter
 from tests.pipeline.helpers import read_parts, write_parquet
 
 BOOK = {"type": "object",
@@ -33,16 +33,8 @@ def test_records_of_a_schema_from_the_default_model(tmp_path: Path) -> None:
         f"Describe the book {b} as JSON." for b in ("Hamlet", "Emma", "Dracula")]})
     schema_file = tmp_path / "book.json"
     schema_file.write_text(json.dumps(BOOK, indent=2))
-    rows = {}
-    for drafter in ("auto", "none"):
-        result = _generate(DEFAULT_MODEL, path, tmp_path / drafter, "--drafter", drafter,
-                           "--guided-json", str(schema_file))
-        assert result.exit_code == 0, result.output
-        rows[drafter] = read_parts(tmp_path / drafter).to_pylist()
-    assert [(r["completion_token_ids"], r["completion"]) for r in rows["auto"]] == [
-        (r["completion_token_ids"], r["completion"]) for r in rows["none"]]
-    assert sum(r["num_accepted"] for r in rows["auto"]) > 0
-    for row in rows["none"]:
+    for row in rows_alike_with_the_drafter(_generate, path, tmp_path, "--guided-json",
+                                           str(schema_file)):
         assert row["finish_reason"] == "stop", row["completion"]
         record = json.loads(row["completion"])
         assert list(record) == ["title", "year", "genre"]

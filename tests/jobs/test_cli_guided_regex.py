@@ -11,7 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from jobs.cli import main
-from runtime.config import DEFAULT_MODEL
+from tests.jobs.generate_cases import rows_alike_with_the_drafter
 from tests.pipeline.helpers import read_parts, write_parquet
 
 CITY_JSON = r'\{"city": "[A-Z][a-z]+( [A-Z][a-z]+)?", "country": "[A-Z][a-z]+"\}'
@@ -28,19 +28,11 @@ def test_json_of_a_fixed_shape_from_the_default_model(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "in.parquet", {"prompt": [
         f"What is the capital of {c}? Answer in JSON with the keys city and country."
         for c in ("France", "Japan", "Italy", "Canada")]})
-    rows = {}
-    for drafter in ("auto", "none"):
-        result = _generate(DEFAULT_MODEL, path, tmp_path / drafter, "--drafter", drafter,
-                           "--guided-regex", CITY_JSON)
-        assert result.exit_code == 0, result.output
-        rows[drafter] = read_parts(tmp_path / drafter).to_pylist()
-    assert [(r["completion_token_ids"], r["completion"]) for r in rows["auto"]] == [
-        (r["completion_token_ids"], r["completion"]) for r in rows["none"]]
-    assert sum(r["num_accepted"] for r in rows["auto"]) > 0
-    for row in rows["none"]:
+    rows = rows_alike_with_the_drafter(_generate, path, tmp_path, "--guided-regex", CITY_JSON)
+    for row in rows:
         assert row["finish_reason"] == "stop" and re.fullmatch(CITY_JSON, row["completion"])
         assert set(json.loads(row["completion"])) == {"city", "country"}
-    assert json.loads(rows["none"][0]["completion"]) == {"city": "Paris", "country": "France"}
+    assert json.loads(rows[0]["completion"]) == {"city": "Paris", "country": "France"}
 
 
 def test_column_edges_and_refusals(tmp_path: Path, tiny_model_dir: Path) -> None:
